@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what building rdmabench and running the soft-RoCE lab need, only when missing.
+# Sourced by lab/run, lab/demo, lab/test and lab/bench; safe to run on its own.
+set -euo pipefail
+
+lab_packages=(
+  # building: sideway's rdma-mummy-sys runs cmake and bindgen (libclang)
+  cmake libclang1-14 libclang-common-14-dev pkg-config
+  # verbs userspace and the perftest twins used by the benchmark
+  rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils
+  # the guest: Debian's kernel (ships rdma_rxe), QEMU, and the initramfs tools
+  qemu-system-x86 linux-image-amd64 busybox-static iproute2 kmod cpio xz-utils util-linux
+)
+
+missing_packages() {
+  local p
+  for p in "${lab_packages[@]}"; do
+    dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed' || echo "$p"
+  done
+}
+
+lab_install_packages() {
+  local missing
+  missing=$(missing_packages | tr '\n' ' ')
+  [ -z "${missing// /}" ] && return 0
+  echo "lab: installing missing packages: $missing" >&2
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $missing >&2
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  lab_install_packages
+fi
