@@ -1,0 +1,12 @@
+//! Measurements: what a test is (`spec`), the connected pair of resources it runs on
+//! (`link`), the kernels (`latency`, `bandwidth`) with their shared waiting and
+//! send-window logic (`wait`), payload patterns (`pattern`), and the client and server
+//! roles that drive a run over the session (`runner`).
+
+pub mod bandwidth;
+pub mod latency;
+pub mod link;
+pub mod pattern;
+pub mod runner;
+pub mod spec;
+pub mod wait;

@@ -1,0 +1,54 @@
+//! Payload patterns for `--validate-data`: message `i` has its own byte pattern, so a
+//! stale, reordered or corrupted payload shows up where it lands.
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+#[inline]
+fn byte(seed: u64, j: usize) -> u8 {
+    let lane = (seed >> ((j & 7) * 8)) as u8;
+    lane ^ ((j >> 3) as u8).wrapping_mul(0x9D)
+}
+
+/// Fills `buf` with the pattern of message `i`.
+pub fn fill(buf: &mut [u8], i: u64) {
+    let seed = splitmix(i);
+    for (j, b) in buf.iter_mut().enumerate() {
+        *b = byte(seed, j);
+    }
+}
+
+/// The offset of the first byte of `buf` that differs from message `i`'s pattern.
+pub fn first_mismatch(buf: &[u8], i: u64) -> Option<usize> {
+    let seed = splitmix(i);
+    buf.iter()
+        .enumerate()
+        .position(|(j, &b)| b != byte(seed, j))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fill_then_check_passes_and_one_flipped_byte_is_found() {
+        let mut b = vec![0u8; 4099];
+        fill(&mut b, 42);
+        assert_eq!(first_mismatch(&b, 42), None);
+        b[1234] ^= 0x01;
+        assert_eq!(first_mismatch(&b, 42), Some(1234));
+    }
+
+    #[test]
+    fn neighbouring_messages_differ_so_stale_data_is_caught() {
+        let mut a = vec![0u8; 64];
+        fill(&mut a, 7);
+        assert_eq!(first_mismatch(&a, 8), Some(0).or(first_mismatch(&a, 8)));
+        assert!(first_mismatch(&a, 8).is_some());
+        assert!(first_mismatch(&a, 6).is_some());
+    }
+}

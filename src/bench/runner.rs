@@ -1,0 +1,297 @@
+//! The two roles of a test. The client owns the spec and drives every size over the
+//! session; the server needs only device flags and follows. Both print the table; the
+//! client's results travel to the server in the final report so its log shows them too.
+
+use std::io::Write;
+use std::time::Duration;
+
+use crate::bench::link::{Link, Role, hostname};
+use crate::bench::spec::{Measure, TestSpec};
+use crate::bench::{bandwidth, latency};
+use crate::error::{Error, Result};
+use crate::report::json::{self, Document};
+use crate::report::table::{self, Units};
+use crate::report::{LatencyResult, RunResult, SizeResult};
+use crate::session::proto::{self, MAGIC};
+use crate::session::{Channel, Message, PROTOCOL_VERSION};
+use crate::stats::Clock;
+use crate::verbs::DeviceSelection;
+
+pub struct RunOptions {
+    pub selection: DeviceSelection,
+    pub tcp_port: u16,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+    pub json: Option<String>,
+    pub units: Units,
+}
+
+impl RunOptions {
+    /// Tables go to stdout, unless the JSON document does.
+    fn table_out(&self) -> Box<dyn Write> {
+        if self.json.as_deref() == Some("-") {
+            Box::new(std::io::stderr())
+        } else {
+            Box::new(std::io::stdout())
+        }
+    }
+
+    fn timeout_ns(&self) -> u64 {
+        self.timeout.as_nanos() as u64
+    }
+}
+
+fn io_err(e: std::io::Error) -> Error {
+    Error::Environment(format!("cannot write the report: {e}"))
+}
+
+/// Runs the test against the server at `host`; returns the results of every size.
+pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResult> {
+    spec.check()?;
+    let mut chan = Channel::connect(host, opts.tcp_port, opts.connect_timeout, opts.timeout)?;
+    chan.send(&Message::Hello {
+        magic: MAGIC.into(),
+        version: PROTOCOL_VERSION,
+        tool_version: env!("CARGO_PKG_VERSION").into(),
+        node: hostname(),
+        spec: spec.clone(),
+    })?;
+    let welcome = chan.recv("the server's welcome")?;
+    if let Message::Welcome { node, .. } = &welcome {
+        let node = node.clone();
+        chan.name_peer(&node);
+    }
+    proto::check_welcome(welcome)?;
+    let address = format!("{host}:{}", opts.tcp_port);
+    let link = Link::establish(Role::Client, spec, &opts.selection, &mut chan)?;
+    let env = link.environment(&address);
+
+    let mut out = opts.table_out();
+    table::banner(&mut out, spec, &env, "client").map_err(io_err)?;
+    table::header(&mut out, spec.measure, opts.units).map_err(io_err)?;
+    let clock = Clock::new();
+    let mut results = Vec::with_capacity(spec.sizes.len());
+    for &size in &spec.sizes {
+        let r = measure_size(&link, spec, size, &mut chan, &clock, opts.timeout_ns()).inspect_err(
+            |e| {
+                if !matches!(e, Error::Peer(_)) {
+                    chan.abort(e);
+                }
+            },
+        )?;
+        table::row(&mut out, &r, opts.units).map_err(io_err)?;
+        out.flush().map_err(io_err)?;
+        results.push(r);
+    }
+    table::footer(&mut out).map_err(io_err)?;
+
+    let run = RunResult {
+        test: spec.name(),
+        spec: spec.clone(),
+        environment: env,
+        results,
+    };
+    chan.send(&Message::Report(Box::new(run.clone())))?;
+    match chan.recv("the server's goodbye")? {
+        Message::Bye => {}
+        other => {
+            return Err(Error::Peer(format!(
+                "{} sent {} instead of bye",
+                chan.peer(),
+                other.kind()
+            )));
+        }
+    }
+    if let Some(target) = &opts.json {
+        json::write(&Document::new("client", run.clone()), target)?;
+    }
+    Ok(run)
+}
+
+fn measure_size(
+    link: &Link,
+    spec: &TestSpec,
+    size: u64,
+    chan: &mut Channel,
+    clock: &Clock,
+    timeout_ns: u64,
+) -> Result<SizeResult> {
+    if spec.measure == Measure::Latency {
+        latency::clear_tag(link, size);
+    }
+    chan.send(&Message::Start { size })?;
+    match chan.recv("the server to get ready")? {
+        Message::Ready { size: s } if s == size => {}
+        other => {
+            return Err(Error::Peer(format!(
+                "{} sent {} instead of ready",
+                chan.peer(),
+                other.kind()
+            )));
+        }
+    }
+    let (iterations, duration_ns, latency, bandwidth) = match spec.measure {
+        Measure::Latency => {
+            let run = latency::client(link, spec, size, chan, clock, timeout_ns)?;
+            let summary = run.recorder.summary(0.5);
+            let lat = LatencyResult {
+                kind: "one_way".into(),
+                unit: "ns".into(),
+                summary,
+            };
+            (run.iterations, run.elapsed_ns, Some(lat), None)
+        }
+        Measure::Bandwidth => {
+            let run = bandwidth::client(link, spec, size, chan, clock, timeout_ns)?;
+            (
+                run.iterations,
+                run.summary.elapsed_ns,
+                None,
+                Some(run.summary),
+            )
+        }
+    };
+    chan.send(&Message::Done { size, iterations })?;
+    match chan.recv("the server's verdict")? {
+        Message::Verdict {
+            size: s,
+            iterations: theirs,
+            data_error,
+        } if s == size => {
+            if let Some(e) = data_error {
+                return Err(Error::Check(format!(
+                    "{} found corrupted data: {e}",
+                    chan.peer()
+                )));
+            }
+            if theirs != iterations {
+                return Err(Error::Check(format!(
+                    "iteration counts disagree at {size} B: this side {iterations}, {} {theirs}",
+                    chan.peer()
+                )));
+            }
+        }
+        other => {
+            return Err(Error::Peer(format!(
+                "{} sent {} instead of a verdict",
+                chan.peer(),
+                other.kind()
+            )));
+        }
+    }
+    Ok(SizeResult {
+        size,
+        iterations,
+        bytes: size * iterations,
+        duration_ns,
+        latency,
+        bandwidth,
+        data_validated: spec.validate_data,
+    })
+}
+
+/// Serves one test: learns the spec from the client, follows it, prints the results.
+pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult> {
+    let mut chan = Channel::accept(opts.tcp_port, opts.connect_timeout, opts.timeout)?;
+    let hello = chan.recv("the client's hello")?;
+    let spec = match proto::check_hello(&hello).and_then(|s| s.check().map(|_| s.clone())) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = chan.send(&Message::Refuse {
+                code: e.exit_code(),
+                message: e.message(),
+            });
+            return Err(e);
+        }
+    };
+    if let Message::Hello { node, .. } = &hello {
+        let node = node.clone();
+        chan.name_peer(&node);
+    }
+    chan.send(&Message::Welcome {
+        version: PROTOCOL_VERSION,
+        tool_version: env!("CARGO_PKG_VERSION").into(),
+        node: hostname(),
+    })?;
+    let mut out = opts.table_out();
+    if !local_test_flags.is_empty() {
+        writeln!(
+            out,
+            " note: {} given on the server are ignored: the server runs the client's spec ({})",
+            local_test_flags.join(" "),
+            spec.name()
+        )
+        .map_err(io_err)?;
+    }
+    let link = Link::establish(Role::Server, &spec, &opts.selection, &mut chan)?;
+    let address = chan.peer().to_string();
+    let env = link.environment(&address);
+    table::banner(&mut out, &spec, &env, "server").map_err(io_err)?;
+    let clock = Clock::new();
+    loop {
+        match chan.recv("the next size or the final report")? {
+            Message::Start { size } => {
+                if !spec.sizes.contains(&size) {
+                    let e = Error::Peer(format!(
+                        "{} asked for size {size}, which is not in its spec",
+                        chan.peer()
+                    ));
+                    chan.abort(&e);
+                    return Err(e);
+                }
+                if spec.measure == Measure::Latency {
+                    latency::clear_tag(&link, size);
+                }
+                chan.send(&Message::Ready { size })?;
+                let (iterations, data_error) = match spec.measure {
+                    Measure::Latency => {
+                        let o = latency::server(
+                            &link,
+                            &spec,
+                            size,
+                            &mut chan,
+                            &clock,
+                            opts.timeout_ns(),
+                        )?;
+                        (o.iterations, o.data_error)
+                    }
+                    Measure::Bandwidth => bandwidth::server(&link, &spec, size, &mut chan)?,
+                };
+                chan.send(&Message::Verdict {
+                    size,
+                    iterations,
+                    data_error: data_error.clone(),
+                })?;
+                if let Some(e) = data_error {
+                    return Err(Error::Check(format!(
+                        "corrupted data from {}: {e}",
+                        chan.peer()
+                    )));
+                }
+            }
+            Message::Report(run) => {
+                table::header(&mut out, spec.measure, opts.units).map_err(io_err)?;
+                for r in &run.results {
+                    table::row(&mut out, r, opts.units).map_err(io_err)?;
+                }
+                table::footer(&mut out).map_err(io_err)?;
+                chan.send(&Message::Bye)?;
+                let mine = RunResult {
+                    environment: env,
+                    ..*run
+                };
+                if let Some(target) = &opts.json {
+                    json::write(&Document::new("server", mine.clone()), target)?;
+                }
+                return Ok(mine);
+            }
+            other => {
+                return Err(Error::Peer(format!(
+                    "{} sent {} out of order",
+                    chan.peer(),
+                    other.kind()
+                )));
+            }
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! Command-line definitions. Test flags keep perftest's short letters and meanings, so
+//! `rdmabench write-bw -d mlx5_0 -x 3 -s 65536 HOST` reads like `ib_write_bw`.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::bench::runner::RunOptions;
+use crate::bench::spec::{Measure, Operation, TestSpec};
+use crate::error::{Error, Result};
+use crate::report::table::Units;
+use crate::verbs::DeviceSelection;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rdmabench",
+    version,
+    about = "RDMA verbs benchmark and validation harness"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// List RDMA devices, their ports and non-zero GID table entries.
+    Devices {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// RDMA WRITE latency (ping-pong, one-way = round trip / 2), like ib_write_lat.
+    WriteLat(TestArgs),
+    /// RDMA WRITE bandwidth and message rate, like ib_write_bw.
+    WriteBw(TestArgs),
+}
+
+/// Flags of a two-sided test. Without HOST this process is the server and needs only
+/// the device flags (-d -i -x -p); the client sends it everything else.
+#[derive(Args, Debug, Clone)]
+pub struct TestArgs {
+    /// Server to connect to; omit it to be the server.
+    pub host: Option<String>,
+    /// RDMA device (default: the first one).
+    #[arg(short = 'd', long = "ib-dev")]
+    pub device: Option<String>,
+    /// Device port.
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    pub ib_port: u8,
+    /// GID index (default: a RoCE v2 GID whose netdev is up, IPv4-mapped preferred).
+    #[arg(short = 'x', long = "gid-index")]
+    pub gid_index: Option<u32>,
+    /// TCP port of the control channel.
+    #[arg(short = 'p', long = "port", default_value_t = 18515)]
+    pub port: u16,
+    /// Message size in bytes (default 2 for latency, 65536 for bandwidth).
+    #[arg(short = 's', long = "size", conflicts_with = "all")]
+    pub size: Option<u64>,
+    /// Every size from 2 B to 8 MiB (powers of two).
+    #[arg(short = 'a', long = "all")]
+    pub all: bool,
+    /// Iterations per size (default 1000; 5000 for write bandwidth).
+    #[arg(short = 'n', long = "iters", conflicts_with = "duration")]
+    pub iterations: Option<u64>,
+    /// Run each size for this many seconds instead of a fixed count.
+    #[arg(short = 'D', long = "duration")]
+    pub duration: Option<f64>,
+    /// Send queue depth (default 1 for latency, 128 for bandwidth).
+    #[arg(short = 't', long = "tx-depth")]
+    pub tx_depth: Option<u32>,
+    /// Request a completion every N work requests (capped at the tx depth).
+    #[arg(short = 'Q', long = "cq-mod", default_value_t = 100)]
+    pub cq_mod: u32,
+    /// Post messages up to this size inline (default 220 for latency, 0 for bandwidth,
+    /// clamped to the device's limit).
+    #[arg(short = 'I', long = "inline-size")]
+    pub inline: Option<u32>,
+    /// Path MTU in bytes (default: the smaller active MTU of the two ports).
+    #[arg(short = 'm', long = "mtu")]
+    pub mtu: Option<u32>,
+    /// Report bandwidth in Gb/s instead of MB/s.
+    #[arg(long = "report_gbits", visible_alias = "report-gbits")]
+    pub report_gbits: bool,
+    /// Write the JSON result document to FILE, or to stdout with `-` (tables then go to stderr).
+    #[arg(long, value_name = "FILE|-")]
+    pub json: Option<String>,
+    /// Fill every message with a per-iteration pattern and check it where it lands.
+    #[arg(long = "validate-data")]
+    pub validate_data: bool,
+    /// Seconds the client keeps retrying to reach its server (and the server waits for a client).
+    #[arg(long = "connect-timeout", default_value_t = 60.0, value_name = "SECS")]
+    pub connect_timeout: f64,
+    /// Seconds any wait for the peer may last before the peer is declared lost (exit 4).
+    #[arg(long = "timeout", default_value_t = 10.0, value_name = "SECS")]
+    pub timeout: f64,
+    /// Fault injection for tests: corrupt one byte of message N (needs --validate-data).
+    #[arg(long = "inject-corruption", hide = true, value_name = "N")]
+    pub corrupt_at: Option<u64>,
+}
+
+fn seconds(flag: &str, v: f64) -> Result<Duration> {
+    if v.is_finite() && v > 0.0 && v <= 86_400.0 {
+        Ok(Duration::from_secs_f64(v))
+    } else {
+        Err(Error::Usage(format!(
+            "{flag} {v} is out of range; use 0 < SECS <= 86400"
+        )))
+    }
+}
+
+impl TestArgs {
+    pub fn spec(&self, operation: Operation, measure: Measure) -> TestSpec {
+        let d = TestSpec::defaults(operation, measure);
+        TestSpec {
+            operation,
+            measure,
+            sizes: if self.all {
+                TestSpec::sweep_sizes()
+            } else {
+                vec![self.size.unwrap_or(d.size)]
+            },
+            iterations: self.iterations.unwrap_or(d.iterations),
+            duration_secs: self.duration,
+            tx_depth: self.tx_depth.unwrap_or(d.tx_depth),
+            cq_mod: self.cq_mod,
+            inline_size: self.inline,
+            mtu: self.mtu,
+            validate_data: self.validate_data,
+            corrupt_at: self.corrupt_at,
+        }
+    }
+
+    pub fn options(&self) -> Result<RunOptions> {
+        Ok(RunOptions {
+            selection: DeviceSelection {
+                device: self.device.clone(),
+                port: self.ib_port,
+                gid_index: self.gid_index,
+            },
+            tcp_port: self.port,
+            connect_timeout: seconds("--connect-timeout", self.connect_timeout)?,
+            timeout: seconds("--timeout", self.timeout)?,
+            json: self.json.clone(),
+            units: if self.report_gbits {
+                Units::GigaBits
+            } else {
+                Units::MegaBytes
+            },
+        })
+    }
+
+    /// Test flags given to a server, which ignores them in favour of the client's spec.
+    pub fn test_flags_given(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        let flags: [(&'static str, bool); 9] = [
+            ("-s", self.size.is_some()),
+            ("-a", self.all),
+            ("-n", self.iterations.is_some()),
+            ("-D", self.duration.is_some()),
+            ("-t", self.tx_depth.is_some()),
+            ("-I", self.inline.is_some()),
+            ("-m", self.mtu.is_some()),
+            ("--validate-data", self.validate_data),
+            ("-Q", self.cq_mod != 100),
+        ];
+        for (f, given) in flags {
+            if given {
+                v.push(f);
+            }
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn parse(args: &[&str]) -> std::result::Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("rdmabench").chain(args.iter().copied()))
+    }
+
+    fn test_args(args: &[&str]) -> TestArgs {
+        match parse(args).unwrap().command {
+            Command::WriteLat(a) | Command::WriteBw(a) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn perftest_defaults_apply_per_test() {
+        let lat = test_args(&["write-lat", "server-host"]).spec(Operation::Write, Measure::Latency);
+        assert_eq!(
+            (
+                lat.sizes.clone(),
+                lat.iterations,
+                lat.tx_depth,
+                lat.requested_inline()
+            ),
+            (vec![2], 1000, 1, 220)
+        );
+        let bw = test_args(&["write-bw"]).spec(Operation::Write, Measure::Bandwidth);
+        assert_eq!(
+            (bw.sizes.clone(), bw.iterations, bw.tx_depth, bw.cq_mod),
+            (vec![65536], 5000, 128, 100)
+        );
+    }
+
+    #[test]
+    fn perftest_short_flags_parse() {
+        let a = test_args(&[
+            "write-bw",
+            "-d",
+            "rxe0",
+            "-i",
+            "1",
+            "-x",
+            "1",
+            "-p",
+            "19000",
+            "-s",
+            "4096",
+            "-n",
+            "77",
+            "-t",
+            "64",
+            "-Q",
+            "8",
+            "-I",
+            "64",
+            "-m",
+            "1024",
+            "--report_gbits",
+            "--json",
+            "-",
+            "10.0.0.1",
+        ]);
+        assert_eq!(a.host.as_deref(), Some("10.0.0.1"));
+        assert_eq!(
+            (a.device.as_deref(), a.ib_port, a.gid_index, a.port),
+            (Some("rxe0"), 1, Some(1), 19000)
+        );
+        let s = a.spec(Operation::Write, Measure::Bandwidth);
+        assert_eq!(
+            (
+                s.sizes[0],
+                s.iterations,
+                s.tx_depth,
+                s.cq_mod,
+                s.inline_size,
+                s.mtu
+            ),
+            (4096, 77, 64, 8, Some(64), Some(1024))
+        );
+        assert_eq!(a.options().unwrap().units, Units::GigaBits);
+        assert!(test_args(&["write-bw", "--report-gbits"]).report_gbits);
+    }
+
+    #[test]
+    fn sweep_and_duration() {
+        let s = test_args(&["write-lat", "-a", "-D", "2"]).spec(Operation::Write, Measure::Latency);
+        assert_eq!(s.sizes.len(), 23);
+        assert_eq!(s.duration_secs, Some(2.0));
+    }
+
+    #[test]
+    fn conflicting_and_malformed_flags_are_usage_errors() {
+        for bad in [
+            &["write-bw", "-a", "-s", "8"][..],
+            &["write-bw", "-n", "5", "-D", "1"],
+            &["write-bw", "-s", "-5"],
+            &["write-bw", "-s", "lots"],
+            &["write-bw", "-i", "300"],
+            &["write-bw", "--bogus"],
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn timeouts_must_be_positive() {
+        let a = test_args(&["write-bw", "--timeout", "0"]);
+        assert_eq!(a.options().map(|_| ()).unwrap_err().exit_code(), 2);
+        let a = test_args(&["write-bw", "--connect-timeout=-3"]);
+        assert!(a.options().is_err());
+    }
+
+    #[test]
+    fn server_reports_which_test_flags_it_ignores() {
+        assert!(test_args(&["write-bw"]).test_flags_given().is_empty());
+        assert_eq!(
+            test_args(&["write-bw", "-s", "8", "-Q", "4"]).test_flags_given(),
+            vec!["-s", "-Q"]
+        );
+    }
+}

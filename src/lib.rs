@@ -1,0 +1,18 @@
+//! rdmabench: an RDMA verbs benchmark and validation harness.
+//!
+//! The data path of a test: spec (`bench::spec`) -> session (`session`, TCP control
+//! channel) -> kernel (`bench::latency`, `bench::bandwidth`, on `verbs`) -> samples and
+//! summary (`stats`) -> report (`report`: table and JSON). `verbs` is the only module
+//! that talks to libibverbs (through sideway).
+
+pub mod bench;
+pub mod cli;
+pub mod devices;
+pub mod error;
+pub mod report;
+pub mod session;
+pub mod signals;
+pub mod stats;
+pub mod verbs;
+
+pub use error::{Error, Result};

@@ -1,0 +1,73 @@
+//! What a run produced and how it is shown: the result types shared by the table, the
+//! JSON document (schema in results/schema/) and the session's final report.
+
+pub mod json;
+pub mod table;
+
+use serde::{Deserialize, Serialize};
+
+use crate::bench::spec::TestSpec;
+use crate::stats::{LatencySummary, ThroughputSummary};
+
+/// The environment of a run, as seen from the side that writes the document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Environment {
+    pub tool_version: String,
+    pub host: String,
+    pub device: String,
+    pub port: u8,
+    pub link_layer: String,
+    pub gid_index: u32,
+    pub gid: String,
+    pub gid_type: String,
+    /// Path MTU used by the QP, bytes.
+    pub mtu: u32,
+    pub active_mtu: u32,
+    /// Inline threshold in force, bytes (messages up to this size are posted inline).
+    pub inline_size: u32,
+    pub max_inline: u32,
+    pub peer: PeerEnvironment,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PeerEnvironment {
+    pub host: String,
+    pub address: String,
+    pub device: String,
+    pub port: u8,
+    pub gid_index: u32,
+    pub gid: String,
+}
+
+/// Latency figures of one size. `kind` says what a sample is: "one_way" figures are half
+/// a measured round trip (write), "round_trip" figures are whole ones.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LatencyResult {
+    pub kind: String,
+    pub unit: String,
+    #[serde(flatten)]
+    pub summary: LatencySummary,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SizeResult {
+    pub size: u64,
+    pub iterations: u64,
+    /// Payload bytes moved by the measured side (size x iterations).
+    pub bytes: u64,
+    pub duration_ns: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency: Option<LatencyResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<ThroughputSummary>,
+    /// Whether payloads were checked where they landed (and passed: a failure ends the run).
+    pub data_validated: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    pub test: String,
+    pub spec: TestSpec,
+    pub environment: Environment,
+    pub results: Vec<SizeResult>,
+}

@@ -1,0 +1,215 @@
+//! perftest-style tables for people. Rows are printed as each size completes, so a long
+//! sweep shows progress; the header says exactly what the numbers are.
+
+use std::io::Write;
+
+use super::{Environment, SizeResult};
+use crate::bench::spec::{Measure, TestSpec};
+use crate::stats::throughput::{BYTES_PER_GBIT, BYTES_PER_MB};
+
+const RULE: &str =
+    "---------------------------------------------------------------------------------------";
+
+/// Whether bandwidth is shown in Gb/s (`--report_gbits`) or MB/s (2^20 bytes, as perftest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Units {
+    MegaBytes,
+    GigaBits,
+}
+
+pub fn banner(
+    out: &mut dyn Write,
+    spec: &TestSpec,
+    env: &Environment,
+    role: &str,
+) -> std::io::Result<()> {
+    let title = match (spec.measure, spec.name().as_str()) {
+        (_, "write_lat") => "RDMA_Write Latency Test",
+        _ => "RDMA_Write BW Test",
+    };
+    writeln!(out, "{RULE}")?;
+    writeln!(
+        out,
+        "                    {title} (rdmabench {}, {role})",
+        env.tool_version
+    )?;
+    writeln!(
+        out,
+        " Device         : {} port {}\t\tLink type      : {}",
+        env.device, env.port, env.link_layer
+    )?;
+    writeln!(
+        out,
+        " Connection type: RC\t\t\tMtu            : {}[B]",
+        env.mtu
+    )?;
+    writeln!(
+        out,
+        " TX depth       : {}\t\t\tCQ moderation  : {}",
+        spec.tx_depth,
+        spec.effective_cq_mod()
+    )?;
+    writeln!(
+        out,
+        " Max inline data: {}[B]\t\tData validation: {}",
+        env.inline_size,
+        if spec.validate_data { "ON" } else { "OFF" }
+    )?;
+    writeln!(
+        out,
+        " local  GID index {} : {} ({})",
+        env.gid_index, env.gid, env.gid_type
+    )?;
+    writeln!(
+        out,
+        " remote GID index {} : {} ({} port {} on {}, {})",
+        env.peer.gid_index,
+        env.peer.gid,
+        env.peer.device,
+        env.peer.port,
+        env.peer.host,
+        env.peer.address
+    )?;
+    writeln!(out, "{RULE}")
+}
+
+pub fn header(out: &mut dyn Write, measure: Measure, units: Units) -> std::io::Result<()> {
+    match measure {
+        Measure::Latency => {
+            writeln!(
+                out,
+                " one-way latency = round trip / 2 [usec]; t_max is the true maximum (no samples dropped)"
+            )?;
+            writeln!(
+                out,
+                " {:<8} {:<12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9}",
+                "#bytes",
+                "#iterations",
+                "t_min",
+                "t_p50",
+                "t_p90",
+                "t_p99",
+                "t_p99.9",
+                "t_p99.99",
+                "t_max",
+                "t_avg",
+                "t_stdev"
+            )
+        }
+        Measure::Bandwidth => {
+            let unit = match units {
+                Units::MegaBytes => "MB/sec",
+                Units::GigaBits => "Gb/sec",
+            };
+            writeln!(
+                out,
+                " {:<10} {:<12} {:>18} {:>20} {:>15}",
+                "#bytes",
+                "#iterations",
+                format!("BW peak[{unit}]"),
+                format!("BW average[{unit}]"),
+                "MsgRate[Mpps]"
+            )
+        }
+    }
+}
+
+pub fn row(out: &mut dyn Write, r: &SizeResult, units: Units) -> std::io::Result<()> {
+    if let Some(l) = &r.latency {
+        let us = |ns: f64| ns / 1000.0;
+        let s = &l.summary;
+        return writeln!(
+            out,
+            " {:<8} {:<12} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>9.2} {:>9.2}",
+            r.size,
+            r.iterations,
+            us(s.min_ns),
+            us(s.p50_ns),
+            us(s.p90_ns),
+            us(s.p99_ns),
+            us(s.p999_ns),
+            us(s.p9999_ns),
+            us(s.max_ns),
+            us(s.avg_ns),
+            us(s.stdev_ns)
+        );
+    }
+    if let Some(b) = &r.bandwidth {
+        let conv = |bps: f64| match units {
+            Units::MegaBytes => bps / BYTES_PER_MB,
+            Units::GigaBits => bps / BYTES_PER_GBIT,
+        };
+        return writeln!(
+            out,
+            " {:<10} {:<12} {:>18.2} {:>20.2} {:>15.6}",
+            r.size,
+            r.iterations,
+            conv(b.peak_bytes_per_sec),
+            conv(b.avg_bytes_per_sec),
+            b.msg_rate_mpps
+        );
+    }
+    Ok(())
+}
+
+pub fn footer(out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(out, "{RULE}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::{LatencySummary, ThroughputSummary};
+
+    #[test]
+    fn bandwidth_row_converts_units_like_perftest() {
+        let r = SizeResult {
+            size: 65536,
+            iterations: 1000,
+            bytes: 65536 * 1000,
+            duration_ns: 1,
+            latency: None,
+            bandwidth: Some(ThroughputSummary::new(65536, 1000, 1_000_000_000, None)),
+            data_validated: false,
+        };
+        let mut mb = Vec::new();
+        row(&mut mb, &r, Units::MegaBytes).unwrap();
+        let mb = String::from_utf8(mb).unwrap();
+        assert!(
+            mb.contains("62.50"),
+            "65.536 MB/s in MiB units is 62.50: {mb}"
+        );
+        let mut gb = Vec::new();
+        row(&mut gb, &r, Units::GigaBits).unwrap();
+        assert!(
+            String::from_utf8(gb).unwrap().contains("0.52"),
+            "65.536e6 B/s = 0.524 Gb/s"
+        );
+    }
+
+    #[test]
+    fn latency_row_is_in_microseconds() {
+        let r = SizeResult {
+            size: 2,
+            iterations: 3,
+            bytes: 6,
+            duration_ns: 1,
+            latency: Some(super::super::LatencyResult {
+                kind: "one_way".into(),
+                unit: "ns".into(),
+                summary: LatencySummary {
+                    samples: 3,
+                    min_ns: 1500.0,
+                    max_ns: 123_450.0,
+                    ..Default::default()
+                },
+            }),
+            bandwidth: None,
+            data_validated: true,
+        };
+        let mut out = Vec::new();
+        row(&mut out, &r, Units::MegaBytes).unwrap();
+        let s = String::from_utf8(out).unwrap();
+        assert!(s.contains("1.50") && s.contains("123.45"), "{s}");
+    }
+}

@@ -1,0 +1,10 @@
+//! The control channel between client and server: framed, length-bounded messages over
+//! TCP, a versioned handshake, barriers and deadlines, and peer-loss detection.
+//! It carries the spec, the endpoints and the results; it never touches verbs.
+
+pub mod channel;
+pub mod frame;
+pub mod proto;
+
+pub use channel::{Channel, PeerPoll};
+pub use proto::{Endpoint, Message, PROTOCOL_VERSION};

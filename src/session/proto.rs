@@ -1,0 +1,280 @@
+//! The messages of the session and the handshake rules.
+//!
+//! Order of a run: client `Hello` (with the whole spec) -> server `Welcome` or `Refuse`;
+//! both send `Endpoint`; then per size: client `Start`, server `Ready`, the kernel runs,
+//! client `Done`, server `Verdict`; finally client `Report` and server `Bye`.
+//! Either side may send `Abort` at any point; the other ends with the reason.
+
+use serde::{Deserialize, Serialize};
+
+use crate::bench::spec::TestSpec;
+use crate::error::{Error, Result};
+use crate::report::RunResult;
+
+/// Bumped on any incompatible change of these messages.
+pub const PROTOCOL_VERSION: u32 = 1;
+pub const MAGIC: &str = "rdmabench";
+
+/// What one side needs to know to connect its QP to the other's and reach its memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Endpoint {
+    pub node: String,
+    pub device: String,
+    pub port: u8,
+    pub link_layer: String,
+    pub lid: u16,
+    pub gid_index: u32,
+    /// The GID as an IPv6 address string.
+    pub gid: String,
+    /// "RoCEv2", "RoCEv1" or "IB".
+    pub gid_type: String,
+    /// "ipv4" (IPv4-mapped) or "ipv6".
+    pub gid_family: String,
+    /// The `-x` values this side could use, described, for error messages on the other side.
+    pub usable_gids: Vec<String>,
+    pub qpn: u32,
+    pub psn: u32,
+    pub active_mtu: u32,
+    pub addr: u64,
+    pub rkey: u32,
+    pub buf_len: u64,
+    pub max_inline: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Message {
+    Hello {
+        magic: String,
+        version: u32,
+        tool_version: String,
+        node: String,
+        spec: TestSpec,
+    },
+    Welcome {
+        version: u32,
+        tool_version: String,
+        node: String,
+    },
+    /// The server cannot run this spec; `code` is the exit code it maps to.
+    Refuse {
+        code: i32,
+        message: String,
+    },
+    Endpoint(Box<Endpoint>),
+    Start {
+        size: u64,
+    },
+    Ready {
+        size: u64,
+    },
+    /// Sent by the client while a kernel runs, so the server's wait has a live deadline.
+    Heartbeat,
+    Done {
+        size: u64,
+        iterations: u64,
+    },
+    /// The server's view of the size just run: its iteration count and data check.
+    Verdict {
+        size: u64,
+        iterations: u64,
+        data_error: Option<String>,
+    },
+    Report(Box<RunResult>),
+    Bye,
+    Abort {
+        code: i32,
+        reason: String,
+    },
+}
+
+impl Message {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Message::Hello { .. } => "hello",
+            Message::Welcome { .. } => "welcome",
+            Message::Refuse { .. } => "refuse",
+            Message::Endpoint(_) => "endpoint",
+            Message::Start { .. } => "start",
+            Message::Ready { .. } => "ready",
+            Message::Heartbeat => "heartbeat",
+            Message::Done { .. } => "done",
+            Message::Verdict { .. } => "verdict",
+            Message::Report(_) => "report",
+            Message::Bye => "bye",
+            Message::Abort { .. } => "abort",
+        }
+    }
+}
+
+/// Server side: accepts a `Hello` of our protocol version, or says why not.
+pub fn check_hello(msg: &Message) -> Result<&TestSpec> {
+    match msg {
+        Message::Hello {
+            magic,
+            version,
+            tool_version,
+            spec,
+            ..
+        } => {
+            if magic != MAGIC {
+                return Err(Error::Peer(format!(
+                    "peer is not rdmabench (magic {magic:?})"
+                )));
+            }
+            if *version != PROTOCOL_VERSION {
+                return Err(Error::Environment(format!(
+                    "protocol version mismatch: the client (rdmabench {tool_version}) speaks v{version}, \
+                     this server speaks v{PROTOCOL_VERSION}; run the same rdmabench version on both sides"
+                )));
+            }
+            Ok(spec)
+        }
+        other => Err(Error::Peer(format!("expected hello, got {}", other.kind()))),
+    }
+}
+
+/// Client side: the server's answer to `Hello`.
+pub fn check_welcome(msg: Message) -> Result<()> {
+    match msg {
+        Message::Welcome { version, .. } if version == PROTOCOL_VERSION => Ok(()),
+        Message::Welcome {
+            version,
+            tool_version,
+            ..
+        } => Err(Error::Environment(format!(
+            "protocol version mismatch: the server (rdmabench {tool_version}) speaks v{version}, \
+             this client speaks v{PROTOCOL_VERSION}; run the same rdmabench version on both sides"
+        ))),
+        Message::Refuse { code, message } => Err(Error::from_code(
+            code,
+            format!("server refused the test: {message}"),
+        )),
+        other => Err(Error::Peer(format!(
+            "expected welcome, got {}",
+            other.kind()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::spec::{Measure, Operation};
+    use crate::session::frame::{self, FrameError, MAX_FRAME};
+
+    fn hello(version: u32) -> Message {
+        Message::Hello {
+            magic: MAGIC.into(),
+            version,
+            tool_version: "0.1.0".into(),
+            node: "a".into(),
+            spec: TestSpec {
+                operation: Operation::Write,
+                measure: Measure::Latency,
+                sizes: vec![2, 4],
+                iterations: 10,
+                duration_secs: None,
+                tx_depth: 1,
+                cq_mod: 100,
+                inline_size: Some(64),
+                mtu: None,
+                validate_data: true,
+                corrupt_at: None,
+            },
+        }
+    }
+
+    #[test]
+    fn round_trip_keeps_every_field() {
+        let m = hello(PROTOCOL_VERSION);
+        let bytes = frame::encode(&m).unwrap();
+        let (back, used): (Message, usize) = frame::decode(&bytes).unwrap().unwrap();
+        assert_eq!(back, m);
+        assert_eq!(used, bytes.len());
+    }
+
+    #[test]
+    fn two_frames_in_one_buffer_decode_in_order() {
+        let mut bytes = frame::encode(&Message::Heartbeat).unwrap();
+        bytes.extend(frame::encode(&Message::Bye).unwrap());
+        let (a, n): (Message, usize) = frame::decode(&bytes).unwrap().unwrap();
+        let (b, _): (Message, usize) = frame::decode(&bytes[n..]).unwrap().unwrap();
+        assert_eq!((a, b), (Message::Heartbeat, Message::Bye));
+    }
+
+    #[test]
+    fn truncated_frame_waits_for_more_bytes() {
+        let bytes = frame::encode(&hello(PROTOCOL_VERSION)).unwrap();
+        for cut in [0, 1, 3, 4, bytes.len() - 1] {
+            assert_eq!(
+                frame::decode::<Message>(&bytes[..cut]).unwrap(),
+                None,
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn oversized_header_is_rejected_before_the_body_arrives() {
+        let header = ((MAX_FRAME + 1) as u32).to_be_bytes();
+        match frame::decode::<Message>(&header) {
+            Err(FrameError::Oversized { len, max }) => {
+                assert_eq!((len, max), (MAX_FRAME + 1, MAX_FRAME))
+            }
+            other => panic!("{other:?}"),
+        }
+        let msg = FrameError::Oversized { len: 5, max: 4 }.to_string();
+        assert!(msg.contains("exceeds"), "{msg}");
+    }
+
+    #[test]
+    fn garbage_is_malformed_not_a_panic() {
+        let mut bytes = 5u32.to_be_bytes().to_vec();
+        bytes.extend_from_slice(b"\xff{x}!");
+        assert!(matches!(
+            frame::decode::<Message>(&bytes),
+            Err(FrameError::Malformed(_))
+        ));
+        let mut bytes = 16u32.to_be_bytes().to_vec();
+        bytes.extend_from_slice(br#"{"type":"nope"}x"#);
+        assert!(matches!(
+            frame::decode::<Message>(&bytes),
+            Err(FrameError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn wrong_version_is_refused_with_both_versions_named() {
+        let err = check_hello(&hello(PROTOCOL_VERSION + 1)).unwrap_err();
+        let m = err.to_string();
+        assert!(
+            m.contains(&format!("v{}", PROTOCOL_VERSION + 1))
+                && m.contains(&format!("v{PROTOCOL_VERSION}")),
+            "{m}"
+        );
+        assert_eq!(err.exit_code(), 3);
+        assert!(check_hello(&hello(PROTOCOL_VERSION)).is_ok());
+    }
+
+    #[test]
+    fn wrong_magic_and_wrong_first_message_are_peer_errors() {
+        let mut m = hello(PROTOCOL_VERSION);
+        if let Message::Hello { magic, .. } = &mut m {
+            *magic = "perftest".into();
+        }
+        assert_eq!(check_hello(&m).unwrap_err().exit_code(), 4);
+        assert_eq!(check_hello(&Message::Bye).unwrap_err().exit_code(), 4);
+    }
+
+    #[test]
+    fn refusal_keeps_the_servers_exit_code() {
+        let e = check_welcome(Message::Refuse {
+            code: 2,
+            message: "tx depth too big".into(),
+        })
+        .unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("tx depth too big"));
+    }
+}
