@@ -56,40 +56,29 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-impl Link {
-    /// Opens the device, checks the spec against it, creates the resources, swaps
-    /// endpoints with the peer and connects. Any failure is sent to the peer as an abort.
-    pub fn establish(
-        role: Role,
-        spec: &TestSpec,
-        sel: &DeviceSelection,
-        chan: &mut Channel,
-    ) -> Result<Link> {
-        match Self::try_establish(role, spec, sel, chan) {
-            Ok(link) => Ok(link),
-            Err(e) => {
-                if !matches!(e, Error::Peer(_)) {
-                    chan.abort(&e);
-                }
-                Err(e)
-            }
-        }
-    }
+/// Local resources, ready to be connected: opened and checked before any peer is
+/// involved, so bad flags fail at once, without a server.
+pub struct Prepared {
+    qp: RcQp,
+    buf: RegisteredBuf,
+    rdma: Rdma,
+    local: Endpoint,
+    region: usize,
+    slots: u64,
+    inline_size: u32,
+}
 
-    fn try_establish(
-        role: Role,
-        spec: &TestSpec,
-        sel: &DeviceSelection,
-        chan: &mut Channel,
-    ) -> Result<Link> {
+impl Prepared {
+    /// Opens the device, checks the spec against its limits, registers the buffer and
+    /// creates the QP.
+    pub fn new(spec: &TestSpec, sel: &DeviceSelection) -> Result<Prepared> {
         let rdma = Rdma::open(sel)?;
         let max_inline = RcQp::probe_max_inline(&rdma)?;
         check_against_device(spec, &rdma.limits(max_inline))?;
         let inline_size = spec.requested_inline().min(max_inline);
         let region = region_len(spec);
         let buf = RegisteredBuf::new(&rdma.pd, 2 * region)?;
-        let mut qp = RcQp::create(&rdma, spec.tx_depth, 1, inline_size)?;
-
+        let qp = RcQp::create(&rdma, spec.tx_depth, 1, inline_size)?;
         let local = Endpoint {
             node: hostname(),
             device: rdma.name().to_string(),
@@ -109,7 +98,37 @@ impl Link {
             buf_len: buf.len() as u64,
             max_inline,
         };
+        Ok(Prepared {
+            qp,
+            buf,
+            rdma,
+            local,
+            region,
+            slots: slots(spec),
+            inline_size,
+        })
+    }
 
+    /// Swaps endpoints with the peer, checks the pair and connects the QP. Any failure
+    /// is sent to the peer as an abort, so both sides end with the same reason.
+    pub fn connect(self, role: Role, spec: &TestSpec, chan: &mut Channel) -> Result<Link> {
+        self.try_connect(role, spec, chan).inspect_err(|e| {
+            if !matches!(e, Error::Peer(_)) {
+                chan.abort(e);
+            }
+        })
+    }
+
+    fn try_connect(self, role: Role, spec: &TestSpec, chan: &mut Channel) -> Result<Link> {
+        let Prepared {
+            mut qp,
+            buf,
+            rdma,
+            local,
+            region,
+            slots,
+            inline_size,
+        } = self;
         let remote = match role {
             Role::Client => {
                 chan.send(&Message::Endpoint(Box::new(local.clone())))?;
@@ -154,12 +173,14 @@ impl Link {
             local,
             remote,
             region,
-            slots: slots(spec),
+            slots,
             inline_size,
             mtu,
         })
     }
+}
 
+impl Link {
     /// Offset in the local buffer where the peer's writes land.
     pub fn recv_offset(&self) -> usize {
         self.region

@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use crate::bench::link::{Link, Role, hostname};
+use crate::bench::link::{Link, Prepared, Role, hostname};
 use crate::bench::spec::{Measure, TestSpec};
 use crate::bench::{bandwidth, latency};
 use crate::error::{Error, Result};
@@ -48,6 +48,7 @@ fn io_err(e: std::io::Error) -> Error {
 /// Runs the test against the server at `host`; returns the results of every size.
 pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResult> {
     spec.check()?;
+    let prepared = Prepared::new(spec, &opts.selection)?;
     let mut chan = Channel::connect(host, opts.tcp_port, opts.connect_timeout, opts.timeout)?;
     chan.send(&Message::Hello {
         magic: MAGIC.into(),
@@ -63,7 +64,7 @@ pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResul
     }
     proto::check_welcome(welcome)?;
     let address = format!("{host}:{}", opts.tcp_port);
-    let link = Link::establish(Role::Client, spec, &opts.selection, &mut chan)?;
+    let link = prepared.connect(Role::Client, spec, &mut chan)?;
     let env = link.environment(&address);
 
     let mut out = opts.table_out();
@@ -223,7 +224,9 @@ pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult>
         )
         .map_err(io_err)?;
     }
-    let link = Link::establish(Role::Server, &spec, &opts.selection, &mut chan)?;
+    let link = Prepared::new(&spec, &opts.selection)
+        .inspect_err(|e| chan.abort(e))?
+        .connect(Role::Server, &spec, &mut chan)?;
     let address = chan.peer().to_string();
     let env = link.environment(&address);
     table::banner(&mut out, &spec, &env, "server").map_err(io_err)?;

@@ -63,7 +63,8 @@ impl LatencyRecorder {
         let n = self.count as f64;
         let mean = self.sum as f64 / n;
         let var = (self.sum_sq / n - mean * mean).max(0.0);
-        let q = |p: f64| self.hist.value_at_quantile(p) as f64 * scale;
+        // A bucket's highest equivalent value can exceed the exact extremes: clamp to them.
+        let q = |p: f64| self.hist.value_at_quantile(p).clamp(self.min, self.max) as f64 * scale;
         LatencySummary {
             samples: self.count,
             min_ns: self.min as f64 * scale,
