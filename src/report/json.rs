@@ -55,3 +55,120 @@ pub fn write(doc: &Document, target: &str) -> Result<()> {
         .and_then(|_| std::fs::rename(&tmp, target))
         .map_err(|e| Error::Environment(format!("cannot write the JSON document to {target}: {e}")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::spec::{Measure, Operation, TestSpec};
+    use crate::report::{Environment, LatencyResult, PeerEnvironment, SizeResult};
+    use crate::stats::{LatencyRecorder, ThroughputSummary};
+
+    fn schema() -> jsonschema::Validator {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/results/schema/result-v1.schema.json");
+        let schema: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        jsonschema::validator_for(&schema).unwrap()
+    }
+
+    fn env() -> Environment {
+        Environment {
+            tool_version: "0.1.0".into(),
+            host: "a".into(),
+            device: "rxe0".into(),
+            port: 1,
+            link_layer: "Ethernet".into(),
+            gid_index: 1,
+            gid: "::ffff:10.0.0.1".into(),
+            gid_type: "RoCEv2".into(),
+            mtu: 4096,
+            active_mtu: 4096,
+            inline_size: 220,
+            max_inline: 416,
+            peer: PeerEnvironment {
+                host: "b".into(),
+                address: "10.0.0.2:18515".into(),
+                device: "rxe0".into(),
+                port: 1,
+                gid_index: 1,
+                gid: "::ffff:10.0.0.2".into(),
+            },
+        }
+    }
+
+    fn spec(measure: Measure, sizes: Vec<u64>) -> TestSpec {
+        TestSpec {
+            operation: Operation::Write,
+            measure,
+            sizes,
+            iterations: 10,
+            duration_secs: None,
+            tx_depth: 1,
+            cq_mod: 100,
+            inline_size: None,
+            mtu: None,
+            validate_data: false,
+            corrupt_at: None,
+        }
+    }
+
+    fn errors(v: &serde_json::Value) -> Vec<String> {
+        schema().iter_errors(v).map(|e| format!("{e} at {}", e.instance_path())).collect()
+    }
+
+    #[test]
+    fn a_latency_sweep_document_matches_the_schema_with_every_size() {
+        let sizes = TestSpec::sweep_sizes();
+        let mut rec = LatencyRecorder::new();
+        for v in [1000, 2000, 3000] {
+            rec.record(v);
+        }
+        let results = sizes
+            .iter()
+            .map(|&size| SizeResult {
+                size,
+                iterations: 3,
+                bytes: size * 3,
+                duration_ns: 9000,
+                latency: Some(LatencyResult { kind: "one_way".into(), unit: "ns".into(), summary: rec.summary(0.5) }),
+                bandwidth: None,
+                data_validated: false,
+            })
+            .collect();
+        let run = RunResult { test: "write_lat".into(), spec: spec(Measure::Latency, sizes.clone()), environment: env(), results };
+        let v = serde_json::to_value(Document::new("client", run)).unwrap();
+        assert_eq!(errors(&v), Vec::<String>::new());
+        assert_eq!(v["results"].as_array().unwrap().len(), sizes.len());
+    }
+
+    #[test]
+    fn a_bandwidth_document_matches_and_a_broken_one_does_not() {
+        let results = vec![SizeResult {
+            size: 65536,
+            iterations: 10,
+            bytes: 655360,
+            duration_ns: 1000,
+            latency: None,
+            bandwidth: Some(ThroughputSummary::new(65536, 10, 1000, None)),
+            data_validated: true,
+        }];
+        let run = RunResult { test: "write_bw".into(), spec: spec(Measure::Bandwidth, vec![65536]), environment: env(), results };
+        let mut v = serde_json::to_value(Document::new("server", run)).unwrap();
+        assert_eq!(errors(&v), Vec::<String>::new());
+        v["results"][0]["latency"] = v["results"][0]["bandwidth"].clone();
+        assert!(!errors(&v).is_empty(), "a result with both latency and bandwidth is invalid");
+        v["results"] = serde_json::json!([]);
+        assert!(!errors(&v).is_empty(), "an empty result list is invalid");
+    }
+
+    #[test]
+    fn write_to_a_file_is_whole_and_parses_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.json");
+        let run = RunResult { test: "write_bw".into(), spec: spec(Measure::Bandwidth, vec![8]), environment: env(), results: vec![] };
+        let doc = Document::new("client", run);
+        write(&doc, path.to_str().unwrap()).unwrap();
+        let back: Document = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(back, doc);
+        let e = write(&doc, "/nonexistent-dir/r.json").unwrap_err();
+        assert_eq!(e.exit_code(), 3);
+    }
+}

@@ -1,0 +1,341 @@
+//! Lab tests: real bytes over real verbs (soft-RoCE in the lab guest, or an RDMA host).
+//! Built only with `--features lab` and run by `lab/test` inside the guest; each test
+//! starts real rdmabench processes on rxe. They never skip: without RDMA they fail.
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_rdmabench");
+
+/// The server's address on the lab's rxe0 (lab/guest-init), or where RDMABENCH_LAB_ADDR says.
+fn server_addr() -> String {
+    std::env::var("RDMABENCH_LAB_ADDR").unwrap_or_else(|_| "10.77.0.1".into())
+}
+
+fn next_port() -> String {
+    static NEXT: AtomicU16 = AtomicU16::new(19000);
+    NEXT.fetch_add(1, Ordering::Relaxed).to_string()
+}
+
+#[derive(Debug)]
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn spawn(args: &[&str]) -> Child {
+    Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start rdmabench")
+}
+
+/// Waits for `child` at most `limit`; kills it and fails the test beyond that.
+fn finish(mut child: Child, limit: Duration) -> Out {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut stdout = String::new();
+            let mut stderr = String::new();
+            child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+            child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+            use std::os::unix::process::ExitStatusExt;
+            let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+            return Out { code, stdout, stderr };
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("rdmabench did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn run(args: &[&str]) -> Out {
+    finish(spawn(args), Duration::from_secs(60))
+}
+
+/// Runs a server with `server_extra` and a client of the same test with `client_extra`.
+fn pair(test: &str, client_extra: &[&str], server_extra: &[&str]) -> (Out, Out) {
+    let port = next_port();
+    let mut sargs = vec![test, "-p", &port, "--connect-timeout", "30", "--timeout", "5"];
+    sargs.extend_from_slice(server_extra);
+    let server = spawn(&sargs);
+    let addr = server_addr();
+    let mut cargs = vec![test, "-p", &port, "--connect-timeout", "30", "--timeout", "5"];
+    cargs.extend_from_slice(client_extra);
+    cargs.push(&addr);
+    let client = finish(spawn(&cargs), Duration::from_secs(120));
+    let server = finish(server, Duration::from_secs(30));
+    (client, server)
+}
+
+fn ok_pair(test: &str, client_extra: &[&str]) -> (Out, Out) {
+    let (c, s) = pair(test, client_extra, &[]);
+    assert_eq!(c.code, 0, "client failed:\n{}\n{}", c.stdout, c.stderr);
+    assert_eq!(s.code, 0, "server failed:\n{}\n{}", s.stdout, s.stderr);
+    (c, s)
+}
+
+fn schema() -> jsonschema::Validator {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/results/schema/result-v1.schema.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    jsonschema::validator_for(&v).unwrap()
+}
+
+fn valid_doc(text: &str) -> Value {
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("invalid JSON ({e}):\n{text}"));
+    let errors: Vec<String> = schema().iter_errors(&v).map(|e| format!("{e} at {}", e.instance_path())).collect();
+    assert!(errors.is_empty(), "schema violations: {errors:?}");
+    v
+}
+
+fn json_file(dir: &tempfile::TempDir, name: &str) -> String {
+    dir.path().join(name).to_str().unwrap().to_string()
+}
+
+#[test]
+fn lab_00_runs_on_rxe() {
+    let out = run(&["devices", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let devs: Value = serde_json::from_str(&out.stdout).unwrap();
+    let rxe = devs.as_array().unwrap().iter().find(|d| d["name"].as_str().unwrap().starts_with("rxe"));
+    let rxe = rxe.expect("an rxe device: the lab tests must run on soft-RoCE");
+    assert!(std::path::Path::new("/sys/class/infiniband").join(rxe["name"].as_str().unwrap()).exists());
+    let port = &rxe["ports"][0];
+    assert_eq!(port["state"], "ACTIVE");
+    assert_eq!(port["link_layer"], "Ethernet");
+    let g1 = port["gids"].as_array().unwrap().iter().find(|g| g["index"] == 1).expect("GID index 1");
+    assert_eq!(g1["kind"], "RoCEv2");
+    assert_eq!(g1["gid"], format!("::ffff:{}", server_addr()));
+    let table = run(&["devices"]);
+    assert!(table.stdout.contains(&server_addr()) && table.stdout.contains("RoCEv2"), "{}", table.stdout);
+}
+
+#[test]
+fn lab_write_lat_several_sizes_counts_every_sample() {
+    for size in ["2", "64", "4096", "65536"] {
+        let dir = tempfile::tempdir().unwrap();
+        let f = json_file(&dir, "lat.json");
+        let (c, s) = ok_pair("write-lat", &["-s", size, "-n", "300", "--json", &f]);
+        assert!(c.stdout.contains("one-way latency") && s.stdout.contains("t_p99.99"), "{}", c.stdout);
+        let doc = valid_doc(&std::fs::read_to_string(&f).unwrap());
+        let r = &doc["results"][0];
+        let size: u64 = size.parse().unwrap();
+        assert_eq!(r["size"], size);
+        assert_eq!(r["iterations"], 300);
+        assert_eq!(r["latency"]["samples"], 300, "one sample per iteration");
+        assert_eq!(r["bytes"], size * 300);
+        let l = &r["latency"];
+        let order = ["min_ns", "p50_ns", "p90_ns", "p99_ns", "p999_ns", "p9999_ns", "max_ns"];
+        for w in order.windows(2) {
+            assert!(l[w[0]].as_f64().unwrap() <= l[w[1]].as_f64().unwrap(), "{} > {}: {l}", w[0], w[1]);
+        }
+        assert!(l["min_ns"].as_f64().unwrap() > 0.0);
+    }
+}
+
+#[test]
+fn lab_write_bw_several_sizes_moves_size_times_iterations() {
+    for (size, iters) in [(8u64, 2000u64), (4096, 1000), (65536, 500), (1 << 20, 40)] {
+        let (c, _) = ok_pair("write-bw", &["-s", &size.to_string(), "-n", &iters.to_string(), "--json", "-"]);
+        let doc = valid_doc(&c.stdout);
+        let r = &doc["results"][0];
+        assert_eq!(r["iterations"], iters);
+        assert_eq!(r["bandwidth"]["messages"], iters, "every posted write completed once");
+        assert_eq!(r["bandwidth"]["bytes"], size * iters);
+        assert_eq!(r["bytes"], size * iters);
+        let avg = r["bandwidth"]["avg_bytes_per_sec"].as_f64().unwrap();
+        let peak = r["bandwidth"]["peak_bytes_per_sec"].as_f64().unwrap();
+        assert!(avg > 0.0 && peak >= avg, "peak {peak} avg {avg}");
+        assert!(c.stderr.contains("BW average[MB/sec]"), "table goes to stderr with --json -: {}", c.stderr);
+    }
+}
+
+#[test]
+fn lab_sweep_json_keeps_every_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = json_file(&dir, "sweep.json");
+    ok_pair("write-lat", &["-a", "-n", "5", "--json", &f]);
+    let doc = valid_doc(&std::fs::read_to_string(&f).unwrap());
+    let sizes: Vec<u64> = doc["results"].as_array().unwrap().iter().map(|r| r["size"].as_u64().unwrap()).collect();
+    assert_eq!(sizes, (1..=23).map(|p| 1u64 << p).collect::<Vec<_>>());
+    for r in doc["results"].as_array().unwrap() {
+        assert_eq!(r["latency"]["samples"], 5);
+    }
+    let (c, _) = ok_pair("write-bw", &["-a", "-n", "4", "--report_gbits", "--json", "-"]);
+    let doc = valid_doc(&c.stdout);
+    assert_eq!(doc["results"].as_array().unwrap().len(), 23);
+    assert!(c.stderr.contains("Gb/sec"));
+}
+
+#[test]
+fn lab_duration_mode_keeps_percentiles() {
+    let (c, _) = ok_pair("write-lat", &["-D", "1", "--json", "-"]);
+    let doc = valid_doc(&c.stdout);
+    let r = &doc["results"][0];
+    let samples = r["latency"]["samples"].as_u64().unwrap();
+    assert!(samples > 10, "{samples}");
+    assert_eq!(r["iterations"].as_u64().unwrap(), samples);
+    assert!(r["latency"]["p99_ns"].as_f64().unwrap() > 0.0);
+    let (c, _) = ok_pair("write-bw", &["-D", "1", "-s", "4096", "--json", "-"]);
+    let doc = valid_doc(&c.stdout);
+    assert!(doc["results"][0]["bandwidth"]["messages"].as_u64().unwrap() > 10);
+}
+
+#[test]
+fn lab_validate_data_passes_on_clean_runs() {
+    ok_pair("write-lat", &["--validate-data", "-s", "4096", "-n", "200"]);
+    ok_pair("write-lat", &["--validate-data", "-s", "1", "-n", "50"]);
+    ok_pair("write-bw", &["--validate-data", "-s", "65536", "-n", "500"]);
+    ok_pair("write-bw", &["--validate-data", "-s", "100", "-n", "3000", "-t", "64"]);
+}
+
+#[test]
+fn lab_validate_data_catches_a_corrupted_byte() {
+    let (c, s) = pair("write-lat", &["--validate-data", "-s", "512", "-n", "100", "--inject-corruption", "50"], &[]);
+    assert_eq!(c.code, 1, "client: {}", c.stderr);
+    assert_eq!(s.code, 1, "server: {}", s.stderr);
+    assert!(c.stderr.contains("data mismatch at iteration 50"), "{}", c.stderr);
+    let (c, s) = pair("write-bw", &["--validate-data", "-s", "4096", "-n", "300", "--inject-corruption", "299"], &[]);
+    assert_eq!((c.code, s.code), (1, 1), "client: {}\nserver: {}", c.stderr, s.stderr);
+    assert!(c.stderr.contains("data mismatch in message 299"), "{}", c.stderr);
+}
+
+/// Starts a long run, does `act` to one side after `after`, and returns both outcomes
+/// with how long the other side took to end after the act.
+fn disrupt(test: &str, target_is_server: bool, signal: i32) -> (Out, Out, Duration) {
+    let port = next_port();
+    let addr = server_addr();
+    let server = spawn(&[test, "-p", &port, "--timeout", "3"]);
+    let client = spawn(&[test, "-p", &port, "--timeout", "3", "-D", "60", "-s", "64", &addr]);
+    std::thread::sleep(Duration::from_secs(3));
+    let pid = if target_is_server { server.id() } else { client.id() } as i32;
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    let t = Instant::now();
+    let (victim, other) = if target_is_server { (server, client) } else { (client, server) };
+    let other = finish(other, Duration::from_secs(20));
+    let waited = t.elapsed();
+    if signal == libc::SIGSTOP {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let victim = finish(victim, Duration::from_secs(20));
+    (victim, other, waited)
+}
+
+#[test]
+fn lab_killed_peer_ends_the_other_side_with_exit_4_in_time() {
+    for test in ["write-lat", "write-bw"] {
+        for server_dies in [true, false] {
+            let (_, other, waited) = disrupt(test, server_dies, libc::SIGKILL);
+            assert_eq!(other.code, 4, "{test}, server dies: {server_dies}: {}", other.stderr);
+            assert!(waited < Duration::from_secs(5), "{test}: took {waited:?} (timeout 3 s)");
+            assert!(other.stderr.contains("peer") || other.stderr.contains("server"), "{}", other.stderr);
+        }
+    }
+}
+
+#[test]
+fn lab_hung_peer_ends_the_other_side_with_exit_4_after_the_timeout() {
+    let (_, client, waited) = disrupt("write-lat", true, libc::SIGSTOP);
+    assert_eq!(client.code, 4, "{}", client.stderr);
+    assert!(waited >= Duration::from_millis(2900) && waited < Duration::from_secs(6), "took {waited:?}");
+    assert!(client.stderr.contains("rdmabench-lab") || client.stderr.contains("peer"), "{}", client.stderr);
+    let (_, server, waited) = disrupt("write-bw", false, libc::SIGSTOP);
+    assert_eq!(server.code, 4, "{}", server.stderr);
+    assert!(waited < Duration::from_secs(6), "took {waited:?}");
+}
+
+#[test]
+fn lab_sigint_releases_and_tells_the_peer() {
+    let (client, server, _) = disrupt("write-lat", false, libc::SIGINT);
+    assert_eq!(client.code, 130, "{}", client.stderr);
+    assert!(client.stderr.contains("interrupted"), "{}", client.stderr);
+    assert_eq!(server.code, 4, "{}", server.stderr);
+    assert!(server.stderr.contains("interrupted"), "the server names the reason: {}", server.stderr);
+    let (server, _client, _) = disrupt("write-bw", true, libc::SIGTERM);
+    assert_eq!(server.code, 143, "{}", server.stderr);
+}
+
+#[test]
+fn lab_client_started_before_its_server_connects() {
+    let port = next_port();
+    let addr = server_addr();
+    let client = spawn(&["write-lat", "-p", &port, "-n", "100", "--connect-timeout", "30", &addr]);
+    std::thread::sleep(Duration::from_secs(2));
+    let server = spawn(&["write-lat", "-p", &port]);
+    let c = finish(client, Duration::from_secs(60));
+    let s = finish(server, Duration::from_secs(30));
+    assert_eq!((c.code, s.code), (0, 0), "client: {}\nserver: {}", c.stderr, s.stderr);
+}
+
+#[test]
+fn lab_server_with_no_client_gives_up_after_connect_timeout() {
+    let t = Instant::now();
+    let s = finish(spawn(&["write-bw", "-p", &next_port(), "--connect-timeout", "2"]), Duration::from_secs(20));
+    assert_eq!(s.code, 4, "{}", s.stderr);
+    assert!(t.elapsed() < Duration::from_secs(6));
+    let c = finish(spawn(&["write-bw", "-p", &next_port(), "--connect-timeout", "2", &server_addr()]), Duration::from_secs(20));
+    assert_eq!(c.code, 4, "{}", c.stderr);
+    assert!(c.stderr.contains("--connect-timeout"), "{}", c.stderr);
+}
+
+#[test]
+fn lab_gid_mismatch_names_both_sides_and_valid_indexes() {
+    let (c, s) = pair("write-lat", &["-n", "10"], &["-x", "0"]);
+    assert_eq!((c.code, s.code), (2, 2), "client: {}\nserver: {}", c.stderr, s.stderr);
+    for part in ["GID mismatch", "index 1", "index 0", "ipv4", "ipv6", "-x 1"] {
+        assert!(c.stderr.contains(part), "missing {part:?}: {}", c.stderr);
+    }
+    ok_pair("write-lat", &["-n", "10", "-x", "1"]);
+}
+
+/// Bad input fails before any server is contacted, with the limit and the fix.
+#[test]
+fn lab_bad_input_names_the_limit_and_exits_with_its_code() {
+    let addr = server_addr();
+    let cases: &[(&[&str], i32, &[&str])] = &[
+        (&["write-bw", "-s", "0"], 2, &["size 0", "-s"]),
+        (&["write-bw", "-s", "16777216"], 2, &["max message size", "-s 1..="]),
+        (&["write-lat", "-I", "100000"], 2, &["max inline data", "-I 0..="]),
+        (&["write-bw", "-t", "2000000"], 2, &["max_qp_wr", "-t 1..="]),
+        (&["write-bw", "-d", "nosuch0"], 3, &["no RDMA device named nosuch0", "rxe0"]),
+        (&["write-bw", "-i", "2"], 2, &["no port 2", "-i 1..=1"]),
+        (&["write-bw", "-x", "7"], 2, &["GID index 7", "empty", "-x 1"]),
+        (&["write-bw", "-x", "5000"], 2, &["out of range", "-x 1"]),
+        (&["write-bw", "-m", "1500"], 2, &["MTU 1500", "4096"]),
+    ];
+    for (args, code, parts) in cases {
+        let mut a = args.to_vec();
+        a.extend(["-p", "19999", "--connect-timeout", "1", &addr]);
+        let t = Instant::now();
+        let out = run(&a);
+        assert_eq!(out.code, *code, "{args:?}: {}", out.stderr);
+        assert!(t.elapsed() < Duration::from_secs(10), "{args:?} should fail before connecting");
+        for p in *parts {
+            assert!(out.stderr.contains(p), "{args:?}: missing {p:?} in {}", out.stderr);
+        }
+    }
+}
+
+#[test]
+fn lab_memlock_too_low_says_how_much_and_how_to_raise_it() {
+    let cmd = format!(
+        "ulimit -l 64 && exec setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all --bounding-set=-all \
+         {BIN} write-bw -s 1048576 -p 19998 --connect-timeout 1 {}",
+        server_addr()
+    );
+    let out = Command::new("bash").arg("-c").arg(cmd).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    for part in ["ulimit -l", "64.0 KiB", "IPC_LOCK", "2048 KiB"] {
+        assert!(stderr.contains(part), "missing {part:?}: {stderr}");
+    }
+}
