@@ -12,11 +12,7 @@ use crate::report::table::Units;
 use crate::verbs::DeviceSelection;
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "rdmabench",
-    version,
-    about = "RDMA verbs benchmark and validation harness"
-)]
+#[command(name = "rdmabench", version, about = "RDMA verbs benchmark and validation harness")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -103,9 +99,7 @@ fn seconds(flag: &str, v: f64) -> Result<Duration> {
     if v.is_finite() && v > 0.0 && v <= 86_400.0 {
         Ok(Duration::from_secs_f64(v))
     } else {
-        Err(Error::Usage(format!(
-            "{flag} {v} is out of range; use 0 < SECS <= 86400"
-        )))
+        Err(Error::Usage(format!("{flag} {v} is out of range; use 0 < SECS <= 86400")))
     }
 }
 
@@ -115,11 +109,7 @@ impl TestArgs {
         TestSpec {
             operation,
             measure,
-            sizes: if self.all {
-                TestSpec::sweep_sizes()
-            } else {
-                vec![self.size.unwrap_or(d.size)]
-            },
+            sizes: if self.all { TestSpec::sweep_sizes() } else { vec![self.size.unwrap_or(d.size)] },
             iterations: self.iterations.unwrap_or(d.iterations),
             duration_secs: self.duration,
             tx_depth: self.tx_depth.unwrap_or(d.tx_depth),
@@ -133,20 +123,12 @@ impl TestArgs {
 
     pub fn options(&self) -> Result<RunOptions> {
         Ok(RunOptions {
-            selection: DeviceSelection {
-                device: self.device.clone(),
-                port: self.ib_port,
-                gid_index: self.gid_index,
-            },
+            selection: DeviceSelection { device: self.device.clone(), port: self.ib_port, gid_index: self.gid_index },
             tcp_port: self.port,
             connect_timeout: seconds("--connect-timeout", self.connect_timeout)?,
             timeout: seconds("--timeout", self.timeout)?,
             json: self.json.clone(),
-            units: if self.report_gbits {
-                Units::GigaBits
-            } else {
-                Units::MegaBytes
-            },
+            units: if self.report_gbits { Units::GigaBits } else { Units::MegaBytes },
         })
     }
 
@@ -192,20 +174,9 @@ mod tests {
     #[test]
     fn perftest_defaults_apply_per_test() {
         let lat = test_args(&["write-lat", "server-host"]).spec(Operation::Write, Measure::Latency);
-        assert_eq!(
-            (
-                lat.sizes.clone(),
-                lat.iterations,
-                lat.tx_depth,
-                lat.requested_inline()
-            ),
-            (vec![2], 1000, 1, 220)
-        );
+        assert_eq!((lat.sizes.clone(), lat.iterations, lat.tx_depth, lat.requested_inline()), (vec![2], 1000, 1, 220));
         let bw = test_args(&["write-bw"]).spec(Operation::Write, Measure::Bandwidth);
-        assert_eq!(
-            (bw.sizes.clone(), bw.iterations, bw.tx_depth, bw.cq_mod),
-            (vec![65536], 5000, 128, 100)
-        );
+        assert_eq!((bw.sizes.clone(), bw.iterations, bw.tx_depth, bw.cq_mod), (vec![65536], 5000, 128, 100));
     }
 
     #[test]
@@ -238,20 +209,10 @@ mod tests {
             "10.0.0.1",
         ]);
         assert_eq!(a.host.as_deref(), Some("10.0.0.1"));
-        assert_eq!(
-            (a.device.as_deref(), a.ib_port, a.gid_index, a.port),
-            (Some("rxe0"), 1, Some(1), 19000)
-        );
+        assert_eq!((a.device.as_deref(), a.ib_port, a.gid_index, a.port), (Some("rxe0"), 1, Some(1), 19000));
         let s = a.spec(Operation::Write, Measure::Bandwidth);
         assert_eq!(
-            (
-                s.sizes[0],
-                s.iterations,
-                s.tx_depth,
-                s.cq_mod,
-                s.inline_size,
-                s.mtu
-            ),
+            (s.sizes[0], s.iterations, s.tx_depth, s.cq_mod, s.inline_size, s.mtu),
             (4096, 77, 64, 8, Some(64), Some(1024))
         );
         assert_eq!(a.options().unwrap().units, Units::GigaBits);
@@ -291,9 +252,6 @@ mod tests {
     #[test]
     fn server_reports_which_test_flags_it_ignores() {
         assert!(test_args(&["write-bw"]).test_flags_given().is_empty());
-        assert_eq!(
-            test_args(&["write-bw", "-s", "8", "-Q", "4"]).test_flags_given(),
-            vec!["-s", "-Q"]
-        );
+        assert_eq!(test_args(&["write-bw", "-s", "8", "-Q", "4"]).test_flags_given(), vec!["-s", "-Q"]);
     }
 }

@@ -8,21 +8,13 @@ use crate::verbs::inventory::DeviceInfo;
 pub fn print(devices: &[DeviceInfo], json: bool, out: &mut dyn Write) -> Result<()> {
     let io = |e: std::io::Error| Error::Environment(format!("cannot write: {e}"));
     if json {
-        let text =
-            serde_json::to_string_pretty(devices).map_err(|e| Error::Check(e.to_string()))?;
+        let text = serde_json::to_string_pretty(devices).map_err(|e| Error::Check(e.to_string()))?;
         return writeln!(out, "{text}").map_err(io);
     }
     for d in devices {
-        writeln!(
-            out,
-            "{}  node_guid {}  sys_image_guid {}",
-            d.name, d.node_guid, d.sys_image_guid
-        )
-        .map_err(io)?;
+        writeln!(out, "{}  node_guid {}  sys_image_guid {}", d.name, d.node_guid, d.sys_image_guid).map_err(io)?;
         for p in &d.ports {
-            let rate = p
-                .rate_gbps
-                .map_or("unknown".into(), |r| format!("{r} Gb/s"));
+            let rate = p.rate_gbps.map_or("unknown".into(), |r| format!("{r} Gb/s"));
             writeln!(
                 out,
                 "  port {}  {} ({})  link {}  mtu {} (max {})  rate {}  lid {}  max_msg {} B",
@@ -37,12 +29,7 @@ pub fn print(devices: &[DeviceInfo], json: bool, out: &mut dyn Write) -> Result<
                 p.max_msg_size
             )
             .map_err(io)?;
-            writeln!(
-                out,
-                "    index  type    {:<40} netdev     state ipv4",
-                "gid"
-            )
-            .map_err(io)?;
+            writeln!(out, "    index  type    {:<40} netdev     state ipv4", "gid").map_err(io)?;
             for g in &p.gids {
                 writeln!(
                     out,

@@ -10,9 +10,7 @@ use rdmabench::{Result, devices, signals, verbs};
 fn run_test(args: &TestArgs, measure: Measure) -> Result<()> {
     let opts = args.options()?;
     match &args.host {
-        Some(host) => {
-            runner::client(host, &args.spec(Operation::Write, measure), &opts).map(|_| ())
-        }
+        Some(host) => runner::client(host, &args.spec(Operation::Write, measure), &opts).map(|_| ()),
         None => runner::server(&opts, &args.test_flags_given()).map(|_| ()),
     }
 }

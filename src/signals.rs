@@ -20,10 +20,7 @@ pub fn install() {
 
 /// The signal that asked us to stop, if any.
 pub fn pending() -> Option<i32> {
-    STOP.get()
-        .map(|f| f.load(Ordering::Relaxed))
-        .filter(|&s| s != 0)
-        .map(|s| s as i32)
+    STOP.get().map(|f| f.load(Ordering::Relaxed)).filter(|&s| s != 0).map(|s| s as i32)
 }
 
 /// Err(Interrupted) once a stop signal has arrived.

@@ -29,12 +29,7 @@ struct Out {
 }
 
 fn spawn(args: &[&str]) -> Child {
-    Command::new(BIN)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start rdmabench")
+    Command::new(BIN).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start rdmabench")
 }
 
 /// Waits for `child` at most `limit`; kills it and fails the test beyond that.
@@ -282,7 +277,10 @@ fn lab_server_with_no_client_gives_up_after_connect_timeout() {
     let s = finish(spawn(&["write-bw", "-p", &next_port(), "--connect-timeout", "2"]), Duration::from_secs(20));
     assert_eq!(s.code, 4, "{}", s.stderr);
     assert!(t.elapsed() < Duration::from_secs(6));
-    let c = finish(spawn(&["write-bw", "-p", &next_port(), "--connect-timeout", "2", &server_addr()]), Duration::from_secs(20));
+    let c = finish(
+        spawn(&["write-bw", "-p", &next_port(), "--connect-timeout", "2", &server_addr()]),
+        Duration::from_secs(20),
+    );
     assert_eq!(c.code, 4, "{}", c.stderr);
     assert!(c.stderr.contains("--connect-timeout"), "{}", c.stderr);
 }

@@ -33,28 +33,14 @@ pub fn client(
     timeout_ns: u64,
 ) -> Result<BandwidthRun> {
     let validate = spec.validate_data;
-    let depth = if validate {
-        spec.tx_depth.min(link.slots as u32)
-    } else {
-        spec.tx_depth
-    };
+    let depth = if validate { spec.tx_depth.min(link.slots as u32) } else { spec.tx_depth };
     let cq_mod = spec.effective_cq_mod().min(depth);
     let mut window = SendWindow::new(depth, cq_mod);
     // Ten completion batches per window bounds a batch's effect on the peak to 10 %.
     let mut peak = PeakMeter::new((depth as u64).max(10 * cq_mod as u64));
-    let mut req = WriteRequest::rdma_write(
-        &link.buf,
-        0,
-        size as u32,
-        link.remote_recv_addr(),
-        link.remote.rkey,
-    );
+    let mut req = WriteRequest::rdma_write(&link.buf, 0, size as u32, link.remote_recv_addr(), link.remote.rkey);
     let inline = size <= link.inline_size as u64;
-    let total = if spec.duration_secs.is_some() {
-        u64::MAX
-    } else {
-        spec.iterations
-    };
+    let total = if spec.duration_secs.is_some() { u64::MAX } else { spec.iterations };
     let limit_ns = spec.duration_secs.map(|d| (d * 1e9) as u64);
     let peer = chan.peer().to_string();
 
@@ -116,10 +102,7 @@ pub fn client(
             signals::check()?;
             chan.heartbeat_if_due()?;
             if let PeerPoll::Message(m) = chan.poll_peer("the bandwidth run")? {
-                return Err(Error::Peer(format!(
-                    "{peer} sent {} in the middle of the run",
-                    m.kind()
-                )));
+                return Err(Error::Peer(format!("{peer} sent {} in the middle of the run", m.kind())));
             }
             if clock.nanos(last_progress, clock.now()) >= timeout_ns {
                 return Err(Error::Peer(format!(
@@ -138,23 +121,11 @@ pub fn client(
 
 /// The passive side: waits for the client's `Done` (heartbeats keep the wait alive) and,
 /// when validating, checks the last message that landed in every slot.
-pub fn server(
-    link: &Link,
-    spec: &TestSpec,
-    size: u64,
-    chan: &mut Channel,
-) -> Result<(u64, Option<String>)> {
+pub fn server(link: &Link, spec: &TestSpec, size: u64, chan: &mut Channel) -> Result<(u64, Option<String>)> {
     let iterations = match chan.recv("the end of the bandwidth run")? {
-        Message::Done {
-            size: s,
-            iterations,
-        } if s == size => iterations,
+        Message::Done { size: s, iterations } if s == size => iterations,
         other => {
-            return Err(Error::Peer(format!(
-                "{} sent {} instead of done",
-                chan.peer(),
-                other.kind()
-            )));
+            return Err(Error::Peer(format!("{} sent {} instead of done", chan.peer(), other.kind())));
         }
     };
     let mut data_error = None;
@@ -165,9 +136,8 @@ pub fn server(
             // SAFETY: the client finished: nothing writes this memory any more.
             let body = unsafe { link.buf.bytes(off, size as usize) };
             if let Some(b) = pattern::first_mismatch(body, last) {
-                data_error = Some(format!(
-                    "data mismatch in message {last} (slot {slot}), byte {b} of a {size}-byte message"
-                ));
+                data_error =
+                    Some(format!("data mismatch in message {last} (slot {slot}), byte {b} of a {size}-byte message"));
                 break;
             }
         }

@@ -48,13 +48,7 @@ struct Pinger {
 
 impl Pinger {
     fn new(link: &Link, spec: &TestSpec, size: u64) -> Pinger {
-        let req = WriteRequest::rdma_write(
-            &link.buf,
-            0,
-            size as u32,
-            link.remote_recv_addr(),
-            link.remote.rkey,
-        );
+        let req = WriteRequest::rdma_write(&link.buf, 0, size as u32, link.remote_recv_addr(), link.remote.rkey);
         let tag_offset = link.recv_offset() + size as usize - 1;
         Pinger {
             req,
@@ -80,13 +74,7 @@ impl Pinger {
     }
 
     #[inline(always)]
-    fn post(
-        &mut self,
-        link: &Link,
-        clock: &Clock,
-        chan: &mut Channel,
-        timeout_ns: u64,
-    ) -> Result<()> {
+    fn post(&mut self, link: &Link, clock: &Clock, chan: &mut Channel, timeout_ns: u64) -> Result<()> {
         if !self.window.has_room() {
             self.window.wait_for_room(link, clock, chan, timeout_ns)?;
         }
@@ -100,12 +88,8 @@ impl Pinger {
     fn check(&self, link: &Link, i: u64) -> Option<String> {
         // SAFETY: the peer wrote this message and waits for our reply before writing again.
         let body = unsafe { link.buf.bytes(link.recv_offset(), self.size - 1) };
-        pattern::first_mismatch(body, i).map(|off| {
-            format!(
-                "data mismatch at iteration {i}, byte {off} of a {}-byte message",
-                self.size
-            )
-        })
+        pattern::first_mismatch(body, i)
+            .map(|off| format!("data mismatch at iteration {i}, byte {off} of a {}-byte message", self.size))
     }
 }
 
@@ -147,10 +131,7 @@ pub fn client(
         })?;
         let t1 = clock.now();
         if let Woke::Peer(m) = woke {
-            return Err(Error::Peer(format!(
-                "{peer} sent {} in the middle of the run",
-                m.kind()
-            )));
+            return Err(Error::Peer(format!("{peer} sent {} in the middle of the run", m.kind())));
         }
         recorder.record(clock.nanos(t0, t1));
         if spec.validate_data
@@ -163,11 +144,7 @@ pub fn client(
         }
         i += 1;
     }
-    Ok(LatencyRun {
-        recorder,
-        iterations: i,
-        elapsed_ns: clock.nanos(start, clock.now()),
-    })
+    Ok(LatencyRun { recorder, iterations: i, elapsed_ns: clock.nanos(start, clock.now()) })
 }
 
 /// The echoing side: answers every ping until the client's `Done` arrives.
@@ -186,29 +163,18 @@ pub fn server(
     loop {
         let expected = tag(i);
         let tag_offset = p.tag_offset;
-        match spin_until(clock, chan, timeout_ns, "the next ping", || {
-            link.buf.load_volatile(tag_offset) == expected
-        })? {
+        match spin_until(clock, chan, timeout_ns, "the next ping", || link.buf.load_volatile(tag_offset) == expected)? {
             Woke::Ready => {}
-            Woke::Peer(Message::Done {
-                size: s,
-                iterations,
-            }) if s == size => {
+            Woke::Peer(Message::Done { size: s, iterations }) if s == size => {
                 if iterations != i {
                     return Err(Error::Check(format!(
                         "the client reports {iterations} iterations at {size} B but this side answered {i}"
                     )));
                 }
-                return Ok(EchoOutcome {
-                    iterations: i,
-                    data_error,
-                });
+                return Ok(EchoOutcome { iterations: i, data_error });
             }
             Woke::Peer(m) => {
-                return Err(Error::Peer(format!(
-                    "{peer} sent {} in the middle of the run",
-                    m.kind()
-                )));
+                return Err(Error::Peer(format!("{peer} sent {} in the middle of the run", m.kind())));
             }
         }
         if spec.validate_data && data_error.is_none() {

@@ -98,15 +98,7 @@ impl Prepared {
             buf_len: buf.len() as u64,
             max_inline,
         };
-        Ok(Prepared {
-            qp,
-            buf,
-            rdma,
-            local,
-            region,
-            slots: slots(spec),
-            inline_size,
-        })
+        Ok(Prepared { qp, buf, rdma, local, region, slots: slots(spec), inline_size })
     }
 
     /// Swaps endpoints with the peer, checks the pair and connects the QP. Any failure
@@ -120,15 +112,7 @@ impl Prepared {
     }
 
     fn try_connect(self, role: Role, spec: &TestSpec, chan: &mut Channel) -> Result<Link> {
-        let Prepared {
-            mut qp,
-            buf,
-            rdma,
-            local,
-            region,
-            slots,
-            inline_size,
-        } = self;
+        let Prepared { mut qp, buf, rdma, local, region, slots, inline_size } = self;
         let remote = match role {
             Role::Client => {
                 chan.send(&Message::Endpoint(Box::new(local.clone())))?;
@@ -148,10 +132,7 @@ impl Prepared {
                 2 * region
             )));
         }
-        let me = format!(
-            "this side ({}, {} port {})",
-            local.node, local.device, local.port
-        );
+        let me = format!("this side ({}, {} port {})", local.node, local.device, local.port);
         let them = format!("{} ({} port {})", chan.peer(), remote.device, remote.port);
         gid::check_pair(&rdma.side_choice(me), &side_of(&remote, them)?)?;
 
@@ -166,17 +147,7 @@ impl Prepared {
             None => local.active_mtu.min(remote.active_mtu),
         };
         qp.connect(&rdma, &remote, mtu)?;
-        Ok(Link {
-            qp,
-            buf,
-            rdma,
-            local,
-            remote,
-            region,
-            slots,
-            inline_size,
-            mtu,
-        })
+        Ok(Link { qp, buf, rdma, local, remote, region, slots, inline_size, mtu })
     }
 }
 
@@ -220,11 +191,7 @@ impl Link {
 fn expect_endpoint(chan: &mut Channel) -> Result<Endpoint> {
     match chan.recv("the peer's endpoint")? {
         Message::Endpoint(e) => Ok(*e),
-        other => Err(Error::Peer(format!(
-            "{} sent {} instead of its endpoint",
-            chan.peer(),
-            other.kind()
-        ))),
+        other => Err(Error::Peer(format!("{} sent {} instead of its endpoint", chan.peer(), other.kind()))),
     }
 }
 
@@ -243,11 +210,7 @@ fn side_of(e: &Endpoint, who: String) -> Result<SideChoice> {
             "IB" => GidKind::Ib,
             _ => return Err(bad("GID type")),
         },
-        family: if e.gid_family == "ipv4" {
-            Family::Ipv4
-        } else {
-            Family::Ipv6
-        },
+        family: if e.gid_family == "ipv4" { Family::Ipv4 } else { Family::Ipv6 },
         index: e.gid_index,
         gid: e.gid.clone(),
         usable: e.usable_gids.clone(),

@@ -25,9 +25,7 @@ pub fn fill(buf: &mut [u8], i: u64) {
 /// The offset of the first byte of `buf` that differs from message `i`'s pattern.
 pub fn first_mismatch(buf: &[u8], i: u64) -> Option<usize> {
     let seed = splitmix(i);
-    buf.iter()
-        .enumerate()
-        .position(|(j, &b)| b != byte(seed, j))
+    buf.iter().enumerate().position(|(j, &b)| b != byte(seed, j))
 }
 
 #[cfg(test)]

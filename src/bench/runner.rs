@@ -29,11 +29,7 @@ pub struct RunOptions {
 impl RunOptions {
     /// Tables go to stdout, unless the JSON document does.
     fn table_out(&self) -> Box<dyn Write> {
-        if self.json.as_deref() == Some("-") {
-            Box::new(std::io::stderr())
-        } else {
-            Box::new(std::io::stdout())
-        }
+        if self.json.as_deref() == Some("-") { Box::new(std::io::stderr()) } else { Box::new(std::io::stdout()) }
     }
 
     fn timeout_ns(&self) -> u64 {
@@ -73,34 +69,23 @@ pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResul
     let clock = Clock::new();
     let mut results = Vec::with_capacity(spec.sizes.len());
     for &size in &spec.sizes {
-        let r = measure_size(&link, spec, size, &mut chan, &clock, opts.timeout_ns()).inspect_err(
-            |e| {
-                if !matches!(e, Error::Peer(_)) {
-                    chan.abort(e);
-                }
-            },
-        )?;
+        let r = measure_size(&link, spec, size, &mut chan, &clock, opts.timeout_ns()).inspect_err(|e| {
+            if !matches!(e, Error::Peer(_)) {
+                chan.abort(e);
+            }
+        })?;
         table::row(&mut out, &r, opts.units).map_err(io_err)?;
         out.flush().map_err(io_err)?;
         results.push(r);
     }
     table::footer(&mut out).map_err(io_err)?;
 
-    let run = RunResult {
-        test: spec.name(),
-        spec: spec.clone(),
-        environment: env,
-        results,
-    };
+    let run = RunResult { test: spec.name(), spec: spec.clone(), environment: env, results };
     chan.send(&Message::Report(Box::new(run.clone())))?;
     match chan.recv("the server's goodbye")? {
         Message::Bye => {}
         other => {
-            return Err(Error::Peer(format!(
-                "{} sent {} instead of bye",
-                chan.peer(),
-                other.kind()
-            )));
+            return Err(Error::Peer(format!("{} sent {} instead of bye", chan.peer(), other.kind())));
         }
     }
     if let Some(target) = &opts.json {
@@ -124,46 +109,26 @@ fn measure_size(
     match chan.recv("the server to get ready")? {
         Message::Ready { size: s } if s == size => {}
         other => {
-            return Err(Error::Peer(format!(
-                "{} sent {} instead of ready",
-                chan.peer(),
-                other.kind()
-            )));
+            return Err(Error::Peer(format!("{} sent {} instead of ready", chan.peer(), other.kind())));
         }
     }
     let (iterations, duration_ns, latency, bandwidth) = match spec.measure {
         Measure::Latency => {
             let run = latency::client(link, spec, size, chan, clock, timeout_ns)?;
             let summary = run.recorder.summary(0.5);
-            let lat = LatencyResult {
-                kind: "one_way".into(),
-                unit: "ns".into(),
-                summary,
-            };
+            let lat = LatencyResult { kind: "one_way".into(), unit: "ns".into(), summary };
             (run.iterations, run.elapsed_ns, Some(lat), None)
         }
         Measure::Bandwidth => {
             let run = bandwidth::client(link, spec, size, chan, clock, timeout_ns)?;
-            (
-                run.iterations,
-                run.summary.elapsed_ns,
-                None,
-                Some(run.summary),
-            )
+            (run.iterations, run.summary.elapsed_ns, None, Some(run.summary))
         }
     };
     chan.send(&Message::Done { size, iterations })?;
     match chan.recv("the server's verdict")? {
-        Message::Verdict {
-            size: s,
-            iterations: theirs,
-            data_error,
-        } if s == size => {
+        Message::Verdict { size: s, iterations: theirs, data_error } if s == size => {
             if let Some(e) = data_error {
-                return Err(Error::Check(format!(
-                    "{} found corrupted data: {e}",
-                    chan.peer()
-                )));
+                return Err(Error::Check(format!("{} found corrupted data: {e}", chan.peer())));
             }
             if theirs != iterations {
                 return Err(Error::Check(format!(
@@ -173,11 +138,7 @@ fn measure_size(
             }
         }
         other => {
-            return Err(Error::Peer(format!(
-                "{} sent {} instead of a verdict",
-                chan.peer(),
-                other.kind()
-            )));
+            return Err(Error::Peer(format!("{} sent {} instead of a verdict", chan.peer(), other.kind())));
         }
     }
     Ok(SizeResult {
@@ -198,10 +159,7 @@ pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult>
     let spec = match proto::check_hello(&hello).and_then(|s| s.check().map(|_| s.clone())) {
         Ok(s) => s,
         Err(e) => {
-            let _ = chan.send(&Message::Refuse {
-                code: e.exit_code(),
-                message: e.message(),
-            });
+            let _ = chan.send(&Message::Refuse { code: e.exit_code(), message: e.message() });
             return Err(e);
         }
     };
@@ -224,9 +182,11 @@ pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult>
         )
         .map_err(io_err)?;
     }
-    let link = Prepared::new(&spec, &opts.selection)
-        .inspect_err(|e| chan.abort(e))?
-        .connect(Role::Server, &spec, &mut chan)?;
+    let link = Prepared::new(&spec, &opts.selection).inspect_err(|e| chan.abort(e))?.connect(
+        Role::Server,
+        &spec,
+        &mut chan,
+    )?;
     let address = chan.peer().to_string();
     let env = link.environment(&address);
     table::banner(&mut out, &spec, &env, "server").map_err(io_err)?;
@@ -235,10 +195,7 @@ pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult>
         match chan.recv("the next size or the final report")? {
             Message::Start { size } => {
                 if !spec.sizes.contains(&size) {
-                    let e = Error::Peer(format!(
-                        "{} asked for size {size}, which is not in its spec",
-                        chan.peer()
-                    ));
+                    let e = Error::Peer(format!("{} asked for size {size}, which is not in its spec", chan.peer()));
                     chan.abort(&e);
                     return Err(e);
                 }
@@ -248,28 +205,14 @@ pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult>
                 chan.send(&Message::Ready { size })?;
                 let (iterations, data_error) = match spec.measure {
                     Measure::Latency => {
-                        let o = latency::server(
-                            &link,
-                            &spec,
-                            size,
-                            &mut chan,
-                            &clock,
-                            opts.timeout_ns(),
-                        )?;
+                        let o = latency::server(&link, &spec, size, &mut chan, &clock, opts.timeout_ns())?;
                         (o.iterations, o.data_error)
                     }
                     Measure::Bandwidth => bandwidth::server(&link, &spec, size, &mut chan)?,
                 };
-                chan.send(&Message::Verdict {
-                    size,
-                    iterations,
-                    data_error: data_error.clone(),
-                })?;
+                chan.send(&Message::Verdict { size, iterations, data_error: data_error.clone() })?;
                 if let Some(e) = data_error {
-                    return Err(Error::Check(format!(
-                        "corrupted data from {}: {e}",
-                        chan.peer()
-                    )));
+                    return Err(Error::Check(format!("corrupted data from {}: {e}", chan.peer())));
                 }
             }
             Message::Report(run) => {
@@ -279,21 +222,14 @@ pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult>
                 }
                 table::footer(&mut out).map_err(io_err)?;
                 chan.send(&Message::Bye)?;
-                let mine = RunResult {
-                    environment: env,
-                    ..*run
-                };
+                let mine = RunResult { environment: env, ..*run };
                 if let Some(target) = &opts.json {
                     json::write(&Document::new("server", mine.clone()), target)?;
                 }
                 return Ok(mine);
             }
             other => {
-                return Err(Error::Peer(format!(
-                    "{} sent {} out of order",
-                    chan.peer(),
-                    other.kind()
-                )));
+                return Err(Error::Peer(format!("{} sent {} out of order", chan.peer(), other.kind())));
             }
         }
     }

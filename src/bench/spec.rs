@@ -71,18 +71,12 @@ impl TestSpec {
 
     pub fn defaults(operation: Operation, measure: Measure) -> Defaults {
         match (operation, measure) {
-            (Operation::Write, Measure::Latency) => Defaults {
-                size: 2,
-                iterations: 1000,
-                tx_depth: 1,
-                inline_size: 220,
-            },
-            (Operation::Write, Measure::Bandwidth) => Defaults {
-                size: 65536,
-                iterations: 5000,
-                tx_depth: 128,
-                inline_size: 0,
-            },
+            (Operation::Write, Measure::Latency) => {
+                Defaults { size: 2, iterations: 1000, tx_depth: 1, inline_size: 220 }
+            }
+            (Operation::Write, Measure::Bandwidth) => {
+                Defaults { size: 65536, iterations: 5000, tx_depth: 128, inline_size: 0 }
+            }
         }
     }
 
@@ -102,33 +96,27 @@ impl TestSpec {
 
     /// Inline threshold actually requested from the device.
     pub fn requested_inline(&self) -> u32 {
-        self.inline_size
-            .unwrap_or_else(|| Self::defaults(self.operation, self.measure).inline_size)
+        self.inline_size.unwrap_or_else(|| Self::defaults(self.operation, self.measure).inline_size)
     }
 
     /// Checks that need no device. Both sides run it: the server never trusts the wire.
     pub fn check(&self) -> Result<()> {
         if self.sizes.is_empty() {
-            return Err(Error::Usage(
-                "no message size given; use -s BYTES or -a".into(),
-            ));
+            return Err(Error::Usage("no message size given; use -s BYTES or -a".into()));
         }
         if self.sizes.contains(&0) {
             return Err(Error::Usage(
-                "message size 0 is not allowed; use -s with 1 or more bytes (up to the device's max message size)".into(),
+                "message size 0 is not allowed; use -s with 1 or more bytes (up to the device's max message size)"
+                    .into(),
             ));
         }
         if self.duration_secs.is_none() && self.iterations == 0 {
-            return Err(Error::Usage(
-                "iterations must be at least 1; use -n 1 or more".into(),
-            ));
+            return Err(Error::Usage("iterations must be at least 1; use -n 1 or more".into()));
         }
         if let Some(d) = self.duration_secs
             && !(d.is_finite() && d > 0.0 && d <= 86_400.0)
         {
-            return Err(Error::Usage(format!(
-                "duration {d} s is out of range; use -D with 1..=86400 seconds"
-            )));
+            return Err(Error::Usage(format!("duration {d} s is out of range; use -D with 1..=86400 seconds")));
         }
         if self.tx_depth == 0 {
             return Err(Error::Usage(
@@ -136,9 +124,7 @@ impl TestSpec {
             ));
         }
         if self.cq_mod == 0 {
-            return Err(Error::Usage(
-                "CQ moderation 0 is not allowed; use -Q 1 or more".into(),
-            ));
+            return Err(Error::Usage("CQ moderation 0 is not allowed; use -Q 1 or more".into()));
         }
         if let Some(mtu) = self.mtu
             && ![256, 512, 1024, 2048, 4096].contains(&mtu)
@@ -148,9 +134,7 @@ impl TestSpec {
             )));
         }
         if self.corrupt_at.is_some() && !self.validate_data {
-            return Err(Error::Usage(
-                "--inject-corruption needs --validate-data".into(),
-            ));
+            return Err(Error::Usage("--inject-corruption needs --validate-data".into()));
         }
         Ok(())
     }
@@ -299,26 +283,17 @@ mod tests {
         let mut s = spec();
         s.sizes = vec![1 << 32];
         let m = usage(check_against_device(&s, &limits()));
-        assert!(
-            m.contains("max message size 2147483648") && m.contains("rxe0"),
-            "{m}"
-        );
+        assert!(m.contains("max message size 2147483648") && m.contains("rxe0"), "{m}");
 
         let mut s = spec();
         s.tx_depth = 2_000_000;
         let m = usage(check_against_device(&s, &limits()));
-        assert!(
-            m.contains("max_qp_wr 1048576") && m.contains("-t 1..=1048576"),
-            "{m}"
-        );
+        assert!(m.contains("max_qp_wr 1048576") && m.contains("-t 1..=1048576"), "{m}");
 
         let mut s = spec();
         s.inline_size = Some(1024);
         let m = usage(check_against_device(&s, &limits()));
-        assert!(
-            m.contains("max inline data 416") && m.contains("-I 0..=416"),
-            "{m}"
-        );
+        assert!(m.contains("max inline data 416") && m.contains("-I 0..=416"), "{m}");
 
         let mut s = spec();
         s.mtu = Some(4096);

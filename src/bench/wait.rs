@@ -118,34 +118,22 @@ impl SendWindow {
     }
 
     /// Waits until there is room for one more request.
-    pub fn wait_for_room(
-        &mut self,
-        link: &Link,
-        clock: &Clock,
-        chan: &mut Channel,
-        timeout_ns: u64,
-    ) -> Result<()> {
+    pub fn wait_for_room(&mut self, link: &Link, clock: &Clock, chan: &mut Channel, timeout_ns: u64) -> Result<()> {
         while !self.has_room() {
             let mut err = None;
             let peer = chan.peer().to_string();
-            let woke = spin_until(clock, chan, timeout_ns, "send completions", || {
-                match self.reap(link, &peer) {
-                    Ok(n) => n > 0,
-                    Err(e) => {
-                        err = Some(e);
-                        true
-                    }
+            let woke = spin_until(clock, chan, timeout_ns, "send completions", || match self.reap(link, &peer) {
+                Ok(n) => n > 0,
+                Err(e) => {
+                    err = Some(e);
+                    true
                 }
             })?;
             if let Some(e) = err {
                 return Err(e);
             }
             if let Woke::Peer(m) = woke {
-                return Err(Error::Peer(format!(
-                    "{} sent {} in the middle of the run",
-                    chan.peer(),
-                    m.kind()
-                )));
+                return Err(Error::Peer(format!("{} sent {} in the middle of the run", chan.peer(), m.kind())));
             }
         }
         Ok(())

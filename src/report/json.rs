@@ -26,28 +26,18 @@ pub struct Document {
 
 impl Document {
     pub fn new(role: &str, run: RunResult) -> Document {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
-        Document {
-            schema: SCHEMA.into(),
-            schema_version: SCHEMA_VERSION,
-            role: role.into(),
-            finished_unix_s: now,
-            run,
-        }
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        Document { schema: SCHEMA.into(), schema_version: SCHEMA_VERSION, role: role.into(), finished_unix_s: now, run }
     }
 }
 
 /// Writes the document to `target`: a path, or `-` for stdout. A file is written to a
 /// temporary name and renamed, so a reader never sees half a document.
 pub fn write(doc: &Document, target: &str) -> Result<()> {
-    let text = serde_json::to_string_pretty(doc)
-        .map_err(|e| Error::Check(format!("cannot encode JSON: {e}")))?;
+    let text = serde_json::to_string_pretty(doc).map_err(|e| Error::Check(format!("cannot encode JSON: {e}")))?;
     if target == "-" {
         let mut out = std::io::stdout().lock();
-        writeln!(out, "{text}")
-            .map_err(|e| Error::Environment(format!("cannot write JSON to stdout: {e}")))?;
+        writeln!(out, "{text}").map_err(|e| Error::Environment(format!("cannot write JSON to stdout: {e}")))?;
         return Ok(());
     }
     let tmp = format!("{target}.tmp{}", std::process::id());
@@ -133,7 +123,12 @@ mod tests {
                 data_validated: false,
             })
             .collect();
-        let run = RunResult { test: "write_lat".into(), spec: spec(Measure::Latency, sizes.clone()), environment: env(), results };
+        let run = RunResult {
+            test: "write_lat".into(),
+            spec: spec(Measure::Latency, sizes.clone()),
+            environment: env(),
+            results,
+        };
         let v = serde_json::to_value(Document::new("client", run)).unwrap();
         assert_eq!(errors(&v), Vec::<String>::new());
         assert_eq!(v["results"].as_array().unwrap().len(), sizes.len());
@@ -150,7 +145,12 @@ mod tests {
             bandwidth: Some(ThroughputSummary::new(65536, 10, 1000, None)),
             data_validated: true,
         }];
-        let run = RunResult { test: "write_bw".into(), spec: spec(Measure::Bandwidth, vec![65536]), environment: env(), results };
+        let run = RunResult {
+            test: "write_bw".into(),
+            spec: spec(Measure::Bandwidth, vec![65536]),
+            environment: env(),
+            results,
+        };
         let mut v = serde_json::to_value(Document::new("server", run)).unwrap();
         assert_eq!(errors(&v), Vec::<String>::new());
         v["results"][0]["latency"] = v["results"][0]["bandwidth"].clone();
@@ -163,7 +163,12 @@ mod tests {
     fn write_to_a_file_is_whole_and_parses_back() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r.json");
-        let run = RunResult { test: "write_bw".into(), spec: spec(Measure::Bandwidth, vec![8]), environment: env(), results: vec![] };
+        let run = RunResult {
+            test: "write_bw".into(),
+            spec: spec(Measure::Bandwidth, vec![8]),
+            environment: env(),
+            results: vec![],
+        };
         let doc = Document::new("client", run);
         write(&doc, path.to_str().unwrap()).unwrap();
         let back: Document = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();

@@ -7,8 +7,7 @@ use super::{Environment, SizeResult};
 use crate::bench::spec::{Measure, TestSpec};
 use crate::stats::throughput::{BYTES_PER_GBIT, BYTES_PER_MB};
 
-const RULE: &str =
-    "---------------------------------------------------------------------------------------";
+const RULE: &str = "---------------------------------------------------------------------------------------";
 
 /// Whether bandwidth is shown in Gb/s (`--report_gbits`) or MB/s (2^20 bytes, as perftest).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,58 +16,27 @@ pub enum Units {
     GigaBits,
 }
 
-pub fn banner(
-    out: &mut dyn Write,
-    spec: &TestSpec,
-    env: &Environment,
-    role: &str,
-) -> std::io::Result<()> {
+pub fn banner(out: &mut dyn Write, spec: &TestSpec, env: &Environment, role: &str) -> std::io::Result<()> {
     let title = match (spec.measure, spec.name().as_str()) {
         (_, "write_lat") => "RDMA_Write Latency Test",
         _ => "RDMA_Write BW Test",
     };
     writeln!(out, "{RULE}")?;
-    writeln!(
-        out,
-        "                    {title} (rdmabench {}, {role})",
-        env.tool_version
-    )?;
-    writeln!(
-        out,
-        " Device         : {} port {}\t\tLink type      : {}",
-        env.device, env.port, env.link_layer
-    )?;
-    writeln!(
-        out,
-        " Connection type: RC\t\t\tMtu            : {}[B]",
-        env.mtu
-    )?;
-    writeln!(
-        out,
-        " TX depth       : {}\t\t\tCQ moderation  : {}",
-        spec.tx_depth,
-        spec.effective_cq_mod()
-    )?;
+    writeln!(out, "                    {title} (rdmabench {}, {role})", env.tool_version)?;
+    writeln!(out, " Device         : {} port {}\t\tLink type      : {}", env.device, env.port, env.link_layer)?;
+    writeln!(out, " Connection type: RC\t\t\tMtu            : {}[B]", env.mtu)?;
+    writeln!(out, " TX depth       : {}\t\t\tCQ moderation  : {}", spec.tx_depth, spec.effective_cq_mod())?;
     writeln!(
         out,
         " Max inline data: {}[B]\t\tData validation: {}",
         env.inline_size,
         if spec.validate_data { "ON" } else { "OFF" }
     )?;
-    writeln!(
-        out,
-        " local  GID index {} : {} ({})",
-        env.gid_index, env.gid, env.gid_type
-    )?;
+    writeln!(out, " local  GID index {} : {} ({})", env.gid_index, env.gid, env.gid_type)?;
     writeln!(
         out,
         " remote GID index {} : {} ({} port {} on {}, {})",
-        env.peer.gid_index,
-        env.peer.gid,
-        env.peer.device,
-        env.peer.port,
-        env.peer.host,
-        env.peer.address
+        env.peer.gid_index, env.peer.gid, env.peer.device, env.peer.port, env.peer.host, env.peer.address
     )?;
     writeln!(out, "{RULE}")
 }
@@ -76,10 +44,7 @@ pub fn banner(
 pub fn header(out: &mut dyn Write, measure: Measure, units: Units) -> std::io::Result<()> {
     match measure {
         Measure::Latency => {
-            writeln!(
-                out,
-                " one-way latency = round trip / 2 [usec]; t_max is the true maximum (no samples dropped)"
-            )?;
+            writeln!(out, " one-way latency = round trip / 2 [usec]; t_max is the true maximum (no samples dropped)")?;
             writeln!(
                 out,
                 " {:<8} {:<12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9}",
@@ -175,16 +140,10 @@ mod tests {
         let mut mb = Vec::new();
         row(&mut mb, &r, Units::MegaBytes).unwrap();
         let mb = String::from_utf8(mb).unwrap();
-        assert!(
-            mb.contains("62.50"),
-            "65.536 MB/s in MiB units is 62.50: {mb}"
-        );
+        assert!(mb.contains("62.50"), "65.536 MB/s in MiB units is 62.50: {mb}");
         let mut gb = Vec::new();
         row(&mut gb, &r, Units::GigaBits).unwrap();
-        assert!(
-            String::from_utf8(gb).unwrap().contains("0.52"),
-            "65.536e6 B/s = 0.524 Gb/s"
-        );
+        assert!(String::from_utf8(gb).unwrap().contains("0.52"), "65.536e6 B/s = 0.524 Gb/s");
     }
 
     #[test]
@@ -197,12 +156,7 @@ mod tests {
             latency: Some(super::super::LatencyResult {
                 kind: "one_way".into(),
                 unit: "ns".into(),
-                summary: LatencySummary {
-                    samples: 3,
-                    min_ns: 1500.0,
-                    max_ns: 123_450.0,
-                    ..Default::default()
-                },
+                summary: LatencySummary { samples: 3, min_ns: 1500.0, max_ns: 123_450.0, ..Default::default() },
             }),
             bandwidth: None,
             data_validated: true,

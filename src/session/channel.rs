@@ -35,12 +35,7 @@ pub enum PeerPoll {
 impl Channel {
     /// Connects to `host:port`, retrying until `connect_timeout` so the client may start
     /// before its server. `timeout` bounds every later wait.
-    pub fn connect(
-        host: &str,
-        port: u16,
-        connect_timeout: Duration,
-        timeout: Duration,
-    ) -> Result<Channel> {
+    pub fn connect(host: &str, port: u16, connect_timeout: Duration, timeout: Duration) -> Result<Channel> {
         let deadline = Instant::now() + connect_timeout;
         let target = format!("{host}:{port}");
         let mut last_err = String::from("no attempt made");
@@ -71,22 +66,15 @@ impl Channel {
 
     /// Listens on `port` and waits up to `wait` for one client.
     pub fn accept(port: u16, wait: Duration, timeout: Duration) -> Result<Channel> {
-        let listener = TcpListener::bind(("0.0.0.0", port)).map_err(|e| {
-            Error::Environment(format!(
-                "cannot listen on TCP port {port}: {e}; pick another with -p"
-            ))
-        })?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| Error::Environment(format!("listener: {e}")))?;
+        let listener = TcpListener::bind(("0.0.0.0", port))
+            .map_err(|e| Error::Environment(format!("cannot listen on TCP port {port}: {e}; pick another with -p")))?;
+        listener.set_nonblocking(true).map_err(|e| Error::Environment(format!("listener: {e}")))?;
         let deadline = Instant::now() + wait;
         loop {
             signals::check()?;
             match listener.accept() {
                 Ok((stream, addr)) => {
-                    stream
-                        .set_nonblocking(false)
-                        .map_err(|e| Error::Environment(format!("socket: {e}")))?;
+                    stream.set_nonblocking(false).map_err(|e| Error::Environment(format!("socket: {e}")))?;
                     return Channel::new(stream, addr.to_string(), timeout);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {}
@@ -104,16 +92,8 @@ impl Channel {
 
     fn new(stream: TcpStream, peer: String, timeout: Duration) -> Result<Channel> {
         let _ = stream.set_nodelay(true);
-        stream
-            .set_write_timeout(Some(timeout))
-            .map_err(|e| Error::Environment(format!("socket: {e}")))?;
-        Ok(Channel {
-            stream,
-            peer,
-            timeout,
-            rbuf: Vec::with_capacity(4096),
-            last_sent: Instant::now(),
-        })
+        stream.set_write_timeout(Some(timeout)).map_err(|e| Error::Environment(format!("socket: {e}")))?;
+        Ok(Channel { stream, peer, timeout, rbuf: Vec::with_capacity(4096), last_sent: Instant::now() })
     }
 
     /// How the peer is named in messages: its node name once known, and its address.
@@ -132,14 +112,9 @@ impl Channel {
     }
 
     pub fn send(&mut self, msg: &Message) -> Result<()> {
-        let bytes = frame::encode(msg)
-            .map_err(|e| Error::Check(format!("cannot encode {}: {e}", msg.kind())))?;
+        let bytes = frame::encode(msg).map_err(|e| Error::Check(format!("cannot encode {}: {e}", msg.kind())))?;
         self.stream.write_all(&bytes).map_err(|e| {
-            Error::Peer(format!(
-                "lost the connection to {} while sending {}: {e}",
-                self.peer,
-                msg.kind()
-            ))
+            Error::Peer(format!("lost the connection to {} while sending {}: {e}", self.peer, msg.kind()))
         })?;
         self.last_sent = Instant::now();
         Ok(())
@@ -155,10 +130,7 @@ impl Channel {
 
     /// Tells the peer why this side is giving up. Best effort: the peer may be gone.
     pub fn abort(&mut self, err: &Error) {
-        let _ = self.send(&Message::Abort {
-            code: err.exit_code(),
-            reason: err.message(),
-        });
+        let _ = self.send(&Message::Abort { code: err.exit_code(), reason: err.message() });
     }
 
     /// Waits up to the session timeout for the next message. Heartbeats reset the wait.
@@ -194,11 +166,7 @@ impl Channel {
             match self.stream.read(&mut tmp) {
                 Ok(0) => return Err(self.closed(waiting_for)),
                 Ok(n) => self.rbuf.extend_from_slice(&tmp[..n]),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                    ) => {}
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
                 Err(e) => {
                     return Err(Error::Peer(format!(
                         "lost the connection to {} while waiting for {waiting_for}: {e}",
@@ -214,14 +182,7 @@ impl Channel {
     pub fn poll_peer(&mut self, during: &str) -> Result<PeerPoll> {
         let mut tmp = [0u8; 4096];
         // SAFETY: `tmp` is a valid writable buffer of the given length; MSG_DONTWAIT never blocks.
-        let n = unsafe {
-            libc::recv(
-                self.stream.as_raw_fd(),
-                tmp.as_mut_ptr().cast(),
-                tmp.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
+        let n = unsafe { libc::recv(self.stream.as_raw_fd(), tmp.as_mut_ptr().cast(), tmp.len(), libc::MSG_DONTWAIT) };
         if n == 0 {
             return Err(self.closed(during));
         }
@@ -230,10 +191,7 @@ impl Channel {
         } else {
             let e = std::io::Error::last_os_error();
             if !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) {
-                return Err(Error::Peer(format!(
-                    "lost the connection to {} during {during}: {e}",
-                    self.peer
-                )));
+                return Err(Error::Peer(format!("lost the connection to {} during {during}: {e}", self.peer)));
             }
         }
         loop {
@@ -326,14 +284,10 @@ mod tests {
     fn poll_peer_is_quiet_then_sees_a_message_then_eof() {
         let (mut c, mut s) = pair(Duration::from_secs(5));
         assert!(matches!(c.poll_peer("test").unwrap(), PeerPoll::Quiet));
-        s.write_all(&frame::encode(&Message::Heartbeat).unwrap())
-            .unwrap();
+        s.write_all(&frame::encode(&Message::Heartbeat).unwrap()).unwrap();
         s.write_all(&frame::encode(&Message::Bye).unwrap()).unwrap();
         std::thread::sleep(Duration::from_millis(50));
-        assert!(matches!(
-            c.poll_peer("test").unwrap(),
-            PeerPoll::Message(Message::Bye)
-        ));
+        assert!(matches!(c.poll_peer("test").unwrap(), PeerPoll::Message(Message::Bye)));
         drop(s);
         std::thread::sleep(Duration::from_millis(50));
         assert!(c.poll_peer("test").is_err());
@@ -342,10 +296,7 @@ mod tests {
     #[test]
     fn abort_from_peer_keeps_its_class() {
         let (mut c, mut s) = pair(Duration::from_secs(5));
-        let abort = Message::Abort {
-            code: 2,
-            reason: "inline too big".into(),
-        };
+        let abort = Message::Abort { code: 2, reason: "inline too big".into() };
         s.write_all(&frame::encode(&abort).unwrap()).unwrap();
         let e = c.recv("endpoint").unwrap_err();
         assert_eq!(e.exit_code(), 2);
@@ -355,19 +306,9 @@ mod tests {
     #[test]
     fn client_started_before_server_connects_once_it_listens() {
         // Reserve a port, free it, start the client, then listen on it.
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let client = std::thread::spawn(move || {
-            Channel::connect(
-                "127.0.0.1",
-                port,
-                Duration::from_secs(10),
-                Duration::from_secs(5),
-            )
-            .map(|_| ())
+            Channel::connect("127.0.0.1", port, Duration::from_secs(10), Duration::from_secs(5)).map(|_| ())
         });
         std::thread::sleep(Duration::from_millis(600));
         let server = Channel::accept(port, Duration::from_secs(10), Duration::from_secs(5));
@@ -377,20 +318,11 @@ mod tests {
 
     #[test]
     fn connect_gives_up_after_its_timeout() {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let t = Instant::now();
-        let e = Channel::connect(
-            "127.0.0.1",
-            port,
-            Duration::from_millis(500),
-            Duration::from_secs(1),
-        )
-        .map(|_| ())
-        .unwrap_err();
+        let e = Channel::connect("127.0.0.1", port, Duration::from_millis(500), Duration::from_secs(1))
+            .map(|_| ())
+            .unwrap_err();
         assert!(t.elapsed() < Duration::from_secs(3));
         assert_eq!(e.exit_code(), 4);
         assert!(e.to_string().contains("--connect-timeout"), "{e}");

@@ -31,10 +31,7 @@ impl std::fmt::Display for FrameError {
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
     let body = serde_json::to_vec(msg).map_err(|e| FrameError::Malformed(e.to_string()))?;
     if body.len() > MAX_FRAME {
-        return Err(FrameError::Oversized {
-            len: body.len(),
-            max: MAX_FRAME,
-        });
+        return Err(FrameError::Oversized { len: body.len(), max: MAX_FRAME });
     }
     let mut out = Vec::with_capacity(HEADER + body.len());
     out.extend_from_slice(&(body.len() as u32).to_be_bytes());
@@ -51,15 +48,11 @@ pub fn decode<T: DeserializeOwned>(buf: &[u8]) -> Result<Option<(T, usize)>, Fra
     }
     let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
     if len > MAX_FRAME {
-        return Err(FrameError::Oversized {
-            len,
-            max: MAX_FRAME,
-        });
+        return Err(FrameError::Oversized { len, max: MAX_FRAME });
     }
     if buf.len() < HEADER + len {
         return Ok(None);
     }
-    let msg = serde_json::from_slice(&buf[HEADER..HEADER + len])
-        .map_err(|e| FrameError::Malformed(e.to_string()))?;
+    let msg = serde_json::from_slice(&buf[HEADER..HEADER + len]).map_err(|e| FrameError::Malformed(e.to_string()))?;
     Ok(Some((msg, HEADER + len)))
 }

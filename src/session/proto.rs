@@ -110,17 +110,9 @@ impl Message {
 /// Server side: accepts a `Hello` of our protocol version, or says why not.
 pub fn check_hello(msg: &Message) -> Result<&TestSpec> {
     match msg {
-        Message::Hello {
-            magic,
-            version,
-            tool_version,
-            spec,
-            ..
-        } => {
+        Message::Hello { magic, version, tool_version, spec, .. } => {
             if magic != MAGIC {
-                return Err(Error::Peer(format!(
-                    "peer is not rdmabench (magic {magic:?})"
-                )));
+                return Err(Error::Peer(format!("peer is not rdmabench (magic {magic:?})")));
             }
             if *version != PROTOCOL_VERSION {
                 return Err(Error::Environment(format!(
@@ -138,22 +130,12 @@ pub fn check_hello(msg: &Message) -> Result<&TestSpec> {
 pub fn check_welcome(msg: Message) -> Result<()> {
     match msg {
         Message::Welcome { version, .. } if version == PROTOCOL_VERSION => Ok(()),
-        Message::Welcome {
-            version,
-            tool_version,
-            ..
-        } => Err(Error::Environment(format!(
+        Message::Welcome { version, tool_version, .. } => Err(Error::Environment(format!(
             "protocol version mismatch: the server (rdmabench {tool_version}) speaks v{version}, \
              this client speaks v{PROTOCOL_VERSION}; run the same rdmabench version on both sides"
         ))),
-        Message::Refuse { code, message } => Err(Error::from_code(
-            code,
-            format!("server refused the test: {message}"),
-        )),
-        other => Err(Error::Peer(format!(
-            "expected welcome, got {}",
-            other.kind()
-        ))),
+        Message::Refuse { code, message } => Err(Error::from_code(code, format!("server refused the test: {message}"))),
+        other => Err(Error::Peer(format!("expected welcome, got {}", other.kind()))),
     }
 }
 
@@ -207,11 +189,7 @@ mod tests {
     fn truncated_frame_waits_for_more_bytes() {
         let bytes = frame::encode(&hello(PROTOCOL_VERSION)).unwrap();
         for cut in [0, 1, 3, 4, bytes.len() - 1] {
-            assert_eq!(
-                frame::decode::<Message>(&bytes[..cut]).unwrap(),
-                None,
-                "cut at {cut}"
-            );
+            assert_eq!(frame::decode::<Message>(&bytes[..cut]).unwrap(), None, "cut at {cut}");
         }
     }
 
@@ -232,16 +210,10 @@ mod tests {
     fn garbage_is_malformed_not_a_panic() {
         let mut bytes = 5u32.to_be_bytes().to_vec();
         bytes.extend_from_slice(b"\xff{x}!");
-        assert!(matches!(
-            frame::decode::<Message>(&bytes),
-            Err(FrameError::Malformed(_))
-        ));
+        assert!(matches!(frame::decode::<Message>(&bytes), Err(FrameError::Malformed(_))));
         let mut bytes = 16u32.to_be_bytes().to_vec();
         bytes.extend_from_slice(br#"{"type":"nope"}x"#);
-        assert!(matches!(
-            frame::decode::<Message>(&bytes),
-            Err(FrameError::Malformed(_))
-        ));
+        assert!(matches!(frame::decode::<Message>(&bytes), Err(FrameError::Malformed(_))));
     }
 
     #[test]
@@ -249,8 +221,7 @@ mod tests {
         let err = check_hello(&hello(PROTOCOL_VERSION + 1)).unwrap_err();
         let m = err.to_string();
         assert!(
-            m.contains(&format!("v{}", PROTOCOL_VERSION + 1))
-                && m.contains(&format!("v{PROTOCOL_VERSION}")),
+            m.contains(&format!("v{}", PROTOCOL_VERSION + 1)) && m.contains(&format!("v{PROTOCOL_VERSION}")),
             "{m}"
         );
         assert_eq!(err.exit_code(), 3);
@@ -269,11 +240,7 @@ mod tests {
 
     #[test]
     fn refusal_keeps_the_servers_exit_code() {
-        let e = check_welcome(Message::Refuse {
-            code: 2,
-            message: "tx depth too big".into(),
-        })
-        .unwrap_err();
+        let e = check_welcome(Message::Refuse { code: 2, message: "tx depth too big".into() }).unwrap_err();
         assert_eq!(e.exit_code(), 2);
         assert!(e.to_string().contains("tx depth too big"));
     }

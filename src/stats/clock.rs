@@ -9,9 +9,7 @@ pub struct Clock {
 
 impl Clock {
     pub fn new() -> Self {
-        Clock {
-            inner: quanta::Clock::new(),
-        }
+        Clock { inner: quanta::Clock::new() }
     }
 
     /// Raw ticks; only differences are meaningful.

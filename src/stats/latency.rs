@@ -24,14 +24,7 @@ impl LatencyRecorder {
     pub fn new() -> Self {
         let hist = Histogram::new_with_bounds(1, HIGHEST_TRACKABLE_NS, SIGNIFICANT_DIGITS)
             .expect("static histogram bounds are valid");
-        LatencyRecorder {
-            hist,
-            count: 0,
-            min: u64::MAX,
-            max: 0,
-            sum: 0,
-            sum_sq: 0.0,
-        }
+        LatencyRecorder { hist, count: 0, min: u64::MAX, max: 0, sum: 0, sum_sq: 0.0 }
     }
 
     /// Records one sample in nanoseconds. Allocation-free: the histogram's range is fixed.
@@ -137,10 +130,7 @@ mod tests {
         }
         r.record(123_456_789);
         let s = r.summary(1.0);
-        assert_eq!(
-            s.max_ns, 123_456_789.0,
-            "max is exact, not bucketed nor trimmed"
-        );
+        assert_eq!(s.max_ns, 123_456_789.0, "max is exact, not bucketed nor trimmed");
         assert_eq!(s.p50_ns, 2_000.0);
         assert_eq!(s.p9999_ns, 2_000.0);
     }
@@ -159,9 +149,6 @@ mod tests {
 
     #[test]
     fn empty_recorder_summarises_to_zeroes() {
-        assert_eq!(
-            LatencyRecorder::new().summary(1.0),
-            LatencySummary::default()
-        );
+        assert_eq!(LatencyRecorder::new().summary(1.0), LatencySummary::default());
     }
 }

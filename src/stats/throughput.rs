@@ -78,11 +78,7 @@ impl ThroughputSummary {
     /// `peak_msgs_per_sec` falls back to the average when the run was too short for a window.
     pub fn new(size: u64, messages: u64, elapsed_ns: u64, peak_msgs_per_sec: Option<f64>) -> Self {
         let secs = elapsed_ns as f64 / 1e9;
-        let msg_rate = if secs > 0.0 {
-            messages as f64 / secs
-        } else {
-            0.0
-        };
+        let msg_rate = if secs > 0.0 { messages as f64 / secs } else { 0.0 };
         let avg = msg_rate * size as f64;
         let peak = peak_msgs_per_sec.map_or(avg, |p| (p * size as f64).max(avg));
         ThroughputSummary {

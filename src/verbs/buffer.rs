@@ -42,29 +42,16 @@ impl RegisteredBuf {
             )));
         }
         let ptr = ptr.cast::<u8>();
-        let access = AccessFlags::LocalWrite
-            | AccessFlags::RemoteWrite
-            | AccessFlags::RemoteRead
-            | AccessFlags::RemoteAtomic;
+        let access =
+            AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead | AccessFlags::RemoteAtomic;
         // SAFETY: `ptr` is valid for `len` bytes until `drop`, which deregisters first.
         match unsafe { pd.reg_mr(ptr as usize, len, access) } {
-            Ok(mr) => Ok(RegisteredBuf {
-                mr: Some(mr),
-                ptr,
-                len,
-            }),
+            Ok(mr) => Ok(RegisteredBuf { mr: Some(mr), ptr, len }),
             Err(e) => {
-                let os = std::error::Error::source(&e)
-                    .map(|s| s.to_string())
-                    .unwrap_or_else(|| format!("{e:?}"));
+                let os = std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_else(|| format!("{e:?}"));
                 // SAFETY: unmapping what we mapped above; nothing else refers to it.
                 unsafe { libc::munmap(ptr.cast(), len) };
-                Err(memlock::registration_error(
-                    len as u64,
-                    &os,
-                    memlock::memlock_limit(),
-                    memlock::has_ipc_lock(),
-                ))
+                Err(memlock::registration_error(len as u64, &os, memlock::memlock_limit(), memlock::has_ipc_lock()))
             }
         }
     }

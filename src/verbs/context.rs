@@ -45,19 +45,12 @@ impl Rdma {
             None => list.iter().next().expect("device_list() is never empty"),
         };
         let name = dev.name();
-        let ctx = dev
-            .open()
-            .map_err(|e| Error::Environment(format!("cannot open {name}: {:?}", e)))?;
+        let ctx = dev.open().map_err(|e| Error::Environment(format!("cannot open {name}: {:?}", e)))?;
         let info = inventory::describe(&ctx)?;
-        let attr = ctx
-            .query_device()
-            .map_err(|e| Error::Environment(format!("cannot query {name}: {e:?}")))?;
+        let attr = ctx.query_device().map_err(|e| Error::Environment(format!("cannot query {name}: {e:?}")))?;
         let ports = attr.phys_port_cnt();
         if sel.port == 0 || sel.port > ports {
-            return Err(Error::Usage(format!(
-                "{name} has no port {}; use -i 1..={ports}",
-                sel.port
-            )));
+            return Err(Error::Usage(format!("{name} has no port {}; use -i 1..={ports}", sel.port)));
         }
         let port = info.ports[sel.port as usize - 1].clone();
         if !port.is_active() {
@@ -66,19 +59,10 @@ impl Rdma {
                 sel.port, port.state, port.phys_state
             )));
         }
-        let gid = gid::choose(
-            &name,
-            sel.port,
-            port.link_layer,
-            port.gid_table_len,
-            &port.gids,
-            sel.gid_index,
-        )?;
-        let pd = ctx.alloc_pd().map_err(|e| {
-            Error::Environment(format!(
-                "cannot allocate a protection domain on {name}: {e:?}"
-            ))
-        })?;
+        let gid = gid::choose(&name, sel.port, port.link_layer, port.gid_table_len, &port.gids, sel.gid_index)?;
+        let pd = ctx
+            .alloc_pd()
+            .map_err(|e| Error::Environment(format!("cannot allocate a protection domain on {name}: {e:?}")))?;
         Ok(Rdma {
             pd,
             ctx,
@@ -107,10 +91,7 @@ impl Rdma {
 
     /// The `-x` values a user could pass on this port, described.
     pub fn usable_gids(&self) -> Vec<String> {
-        gid::usable(self.port.link_layer, &self.port.gids)
-            .iter()
-            .map(|g| g.describe())
-            .collect()
+        gid::usable(self.port.link_layer, &self.port.gids).iter().map(|g| g.describe()).collect()
     }
 
     pub fn gid_family(&self) -> gid::Family {

@@ -79,11 +79,7 @@ impl GidInfo {
     }
 
     pub fn family(&self) -> Family {
-        if self.ipv4().is_some() {
-            Family::Ipv4
-        } else {
-            Family::Ipv6
-        }
+        if self.ipv4().is_some() { Family::Ipv4 } else { Family::Ipv6 }
     }
 
     fn is_link_local(&self) -> bool {
@@ -96,18 +92,9 @@ impl GidInfo {
             Some(v4) => v4.to_string(),
             None => self.gid.to_string(),
         };
-        let dev = self
-            .netdev
-            .as_deref()
-            .map(|d| format!(" on {d}"))
-            .unwrap_or_default();
+        let dev = self.netdev.as_deref().map(|d| format!(" on {d}")).unwrap_or_default();
         let down = if self.netdev_up { "" } else { ", netdev down" };
-        format!(
-            "-x {} ({} {} {addr}{dev}{down})",
-            self.index,
-            self.kind.label(),
-            self.family().label()
-        )
+        format!("-x {} ({} {} {addr}{dev}{down})", self.index, self.kind.label(), self.family().label())
     }
 }
 
@@ -135,10 +122,7 @@ fn list(gids: &[&GidInfo]) -> String {
     if gids.is_empty() {
         return "none".into();
     }
-    gids.iter()
-        .map(|g| g.describe())
-        .collect::<Vec<_>>()
-        .join(", ")
+    gids.iter().map(|g| g.describe()).collect::<Vec<_>>().join(", ")
 }
 
 /// Picks the GID for `port` of `device` from its table. `requested` is `-x`.
@@ -171,25 +155,12 @@ pub fn choose(
                 list(&valid)
             )));
         }
-        return Ok(GidChoice {
-            index,
-            gid: entry.gid,
-            kind: entry.kind,
-            use_grh: true,
-        });
+        return Ok(GidChoice { index, gid: entry.gid, kind: entry.kind, use_grh: true });
     }
 
     if link == LinkLayer::InfiniBand {
-        let gid = gids
-            .iter()
-            .find(|g| g.index == 0)
-            .map_or(Ipv6Addr::UNSPECIFIED, |g| g.gid);
-        return Ok(GidChoice {
-            index: 0,
-            gid,
-            kind: GidKind::Ib,
-            use_grh: false,
-        });
+        let gid = gids.iter().find(|g| g.index == 0).map_or(Ipv6Addr::UNSPECIFIED, |g| g.gid);
+        return Ok(GidChoice { index: 0, gid, kind: GidKind::Ib, use_grh: false });
     }
 
     let rank = |g: &GidInfo| match (g.family(), g.is_link_local()) {
@@ -201,12 +172,7 @@ pub fn choose(
         .iter()
         .filter(|g| g.netdev_up)
         .min_by_key(|g| (rank(g), g.index))
-        .map(|g| GidChoice {
-            index: g.index,
-            gid: g.gid,
-            kind: g.kind,
-            use_grh: true,
-        })
+        .map(|g| GidChoice { index: g.index, gid: g.gid, kind: g.kind, use_grh: true })
         .ok_or_else(|| {
             Error::Environment(format!(
                 "no RoCE v2 GID with an up netdev on {device} port {port} (GIDs: {}); \
@@ -239,10 +205,7 @@ pub fn check_pair(local: &SideChoice, remote: &SideChoice) -> Result<()> {
             remote.link.label()
         )));
     }
-    if local.link == LinkLayer::InfiniBand
-        && local.kind == GidKind::Ib
-        && remote.kind == GidKind::Ib
-    {
+    if local.link == LinkLayer::InfiniBand && local.kind == GidKind::Ib && remote.kind == GidKind::Ib {
         return Ok(());
     }
     if local.kind != remote.kind || local.family != remote.family {
@@ -273,13 +236,7 @@ mod tests {
     use super::*;
 
     fn gid(index: u32, addr: &str, kind: GidKind, up: bool) -> GidInfo {
-        GidInfo {
-            index,
-            gid: addr.parse().unwrap(),
-            kind,
-            netdev: Some("eth0".into()),
-            netdev_up: up,
-        }
+        GidInfo { index, gid: addr.parse().unwrap(), kind, netdev: Some("eth0".into()), netdev_up: up }
     }
 
     /// A typical RoCE port: v1 and v2 for link-local, then v1 and v2 for an IPv4 address,
@@ -307,12 +264,7 @@ mod tests {
             gid(0, "fe80::a8f5:7aff:fe62:1", GidKind::RoceV2, true),
             gid(1, "::ffff:10.77.0.1", GidKind::RoceV2, true),
         ];
-        assert_eq!(
-            choose("rxe0", 1, LinkLayer::Ethernet, 1024, &t, None)
-                .unwrap()
-                .index,
-            1
-        );
+        assert_eq!(choose("rxe0", 1, LinkLayer::Ethernet, 1024, &t, None).unwrap().index, 1);
     }
 
     #[test]
@@ -325,24 +277,13 @@ mod tests {
 
     #[test]
     fn global_ipv6_beats_link_local() {
-        let t: Vec<_> = roce_table()
-            .into_iter()
-            .filter(|g| g.family() == Family::Ipv6)
-            .collect();
-        assert_eq!(
-            choose("mlx5_0", 1, LinkLayer::Ethernet, 256, &t, None)
-                .unwrap()
-                .index,
-            5
-        );
+        let t: Vec<_> = roce_table().into_iter().filter(|g| g.family() == Family::Ipv6).collect();
+        assert_eq!(choose("mlx5_0", 1, LinkLayer::Ethernet, 256, &t, None).unwrap().index, 5);
     }
 
     #[test]
     fn no_usable_gid_is_an_environment_error_listing_the_table() {
-        let t = vec![
-            gid(0, "fe80::1", GidKind::RoceV1, true),
-            gid(1, "::ffff:10.0.0.5", GidKind::RoceV2, false),
-        ];
+        let t = vec![gid(0, "fe80::1", GidKind::RoceV1, true), gid(1, "::ffff:10.0.0.5", GidKind::RoceV2, false)];
         let e = choose("mlx5_0", 1, LinkLayer::Ethernet, 256, &t, None).unwrap_err();
         assert_eq!(e.exit_code(), 3);
         assert!(e.to_string().contains("netdev down"), "{e}");
@@ -353,25 +294,14 @@ mod tests {
         let t = roce_table();
         let e = choose("mlx5_0", 1, LinkLayer::Ethernet, 256, &t, Some(300)).unwrap_err();
         assert_eq!(e.exit_code(), 2);
-        assert!(
-            e.to_string().contains("out of range") && e.to_string().contains("-x 3"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("out of range") && e.to_string().contains("-x 3"), "{e}");
         let e = choose("mlx5_0", 1, LinkLayer::Ethernet, 256, &t, Some(9)).unwrap_err();
         assert!(e.to_string().contains("empty"), "{e}");
         let e = choose("mlx5_0", 1, LinkLayer::Ethernet, 256, &t, Some(2)).unwrap_err();
         let m = e.to_string();
-        assert!(
-            m.contains("RoCEv1") && m.contains("-x 1") && m.contains("-x 3") && m.contains("-x 5"),
-            "{m}"
-        );
+        assert!(m.contains("RoCEv1") && m.contains("-x 1") && m.contains("-x 3") && m.contains("-x 5"), "{m}");
         assert!(!m.contains("-x 0 "), "v1 entries are not offered: {m}");
-        assert_eq!(
-            choose("mlx5_0", 1, LinkLayer::Ethernet, 256, &t, Some(5))
-                .unwrap()
-                .index,
-            5
-        );
+        assert_eq!(choose("mlx5_0", 1, LinkLayer::Ethernet, 256, &t, Some(5)).unwrap().index, 5);
     }
 
     #[test]
@@ -391,10 +321,7 @@ mod tests {
             family,
             index,
             gid: "x".into(),
-            usable: vec![
-                "-x 1 (RoCEv2 ipv4 10.0.0.1)".into(),
-                "-x 0 (RoCEv2 ipv6 fe80::1)".into(),
-            ],
+            usable: vec!["-x 1 (RoCEv2 ipv4 10.0.0.1)".into(), "-x 0 (RoCEv2 ipv6 fe80::1)".into()],
         }
     }
 
@@ -405,15 +332,7 @@ mod tests {
         let e = check_pair(&a, &b).unwrap_err();
         let m = e.to_string();
         assert_eq!(e.exit_code(), 2);
-        for part in [
-            "node a",
-            "peer b",
-            "index 3",
-            "index 1",
-            "ipv4",
-            "ipv6",
-            "-x 1 (RoCEv2 ipv4",
-        ] {
+        for part in ["node a", "peer b", "index 3", "index 1", "ipv4", "ipv6", "-x 1 (RoCEv2 ipv4"] {
             assert!(m.contains(part), "missing {part:?} in {m}");
         }
         check_pair(&a, &side("peer b", GidKind::RoceV2, Family::Ipv4, 7)).unwrap();
@@ -424,11 +343,6 @@ mod tests {
         let a = side("a", GidKind::RoceV2, Family::Ipv4, 1);
         let mut b = side("b", GidKind::Ib, Family::Ipv6, 0);
         b.link = LinkLayer::InfiniBand;
-        assert!(
-            check_pair(&a, &b)
-                .unwrap_err()
-                .to_string()
-                .contains("link layers differ")
-        );
+        assert!(check_pair(&a, &b).unwrap_err().to_string().contains("link layers differ"));
     }
 }

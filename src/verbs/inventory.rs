@@ -70,9 +70,7 @@ pub fn inventory() -> Result<Vec<DeviceInfo>> {
     let mut out = Vec::new();
     for dev in list.iter() {
         let name = dev.name();
-        let ctx = dev
-            .open()
-            .map_err(|e| Error::Environment(format!("cannot open {name}: {e:?}")))?;
+        let ctx = dev.open().map_err(|e| Error::Environment(format!("cannot open {name}: {e:?}")))?;
         out.push(describe(&ctx)?);
     }
     Ok(out)
@@ -80,18 +78,12 @@ pub fn inventory() -> Result<Vec<DeviceInfo>> {
 
 pub fn describe(ctx: &Arc<DeviceContext>) -> Result<DeviceInfo> {
     let name = ctx.name();
-    let attr = ctx
-        .query_device()
-        .map_err(|e| Error::Environment(format!("cannot query {name}: {e:?}")))?;
+    let attr = ctx.query_device().map_err(|e| Error::Environment(format!("cannot query {name}: {e:?}")))?;
     let gids = gid_table(ctx)?;
     let mut ports = Vec::new();
     for port in 1..=attr.phys_port_cnt() {
         let mut p = port_info(ctx, port)?;
-        p.gids = gids
-            .iter()
-            .filter(|(n, _)| *n == port)
-            .map(|(_, g)| g.clone())
-            .collect();
+        p.gids = gids.iter().filter(|(n, _)| *n == port).map(|(_, g)| g.clone()).collect();
         ports.push(p);
     }
     Ok(DeviceInfo {
@@ -105,29 +97,19 @@ pub fn describe(ctx: &Arc<DeviceContext>) -> Result<DeviceInfo> {
 /// One port's attributes (its GIDs are filled by `describe`).
 pub fn port_info(ctx: &DeviceContext, port: u8) -> Result<PortInfo> {
     let name = ctx.name();
-    let pa = ctx
-        .query_port(port)
-        .map_err(|_| Error::Environment(format!("{name} has no port {port}")))?;
+    let pa = ctx.query_port(port).map_err(|_| Error::Environment(format!("{name} has no port {port}")))?;
     let a = &pa.attr;
     Ok(PortInfo {
         port,
         state: port_state(a.state).into(),
         phys_state: phys_state(a.phys_state).into(),
-        link_layer: if a.link_layer as u32 == 2 {
-            LinkLayer::Ethernet
-        } else {
-            LinkLayer::InfiniBand
-        },
+        link_layer: if a.link_layer as u32 == 2 { LinkLayer::Ethernet } else { LinkLayer::InfiniBand },
         active_mtu: mtu_bytes(a.active_mtu),
         max_mtu: mtu_bytes(a.max_mtu),
         lid: a.lid,
         rate_gbps: rate_gbps(
             a.active_width,
-            if a.active_speed_ex != 0 {
-                a.active_speed_ex
-            } else {
-                a.active_speed as u32
-            },
+            if a.active_speed_ex != 0 { a.active_speed_ex } else { a.active_speed as u32 },
         ),
         max_msg_size: a.max_msg_sz as u64,
         gid_table_len: a.gid_tbl_len.max(0) as u32,
@@ -138,17 +120,14 @@ pub fn port_info(ctx: &DeviceContext, port: u8) -> Result<PortInfo> {
 /// Non-zero GIDs of every port, as (port, entry).
 pub fn gid_table(ctx: &DeviceContext) -> Result<Vec<(u8, GidInfo)>> {
     let name = ctx.name();
-    let entries = ctx
-        .query_gid_table()
-        .map_err(|e| Error::Environment(format!("cannot read the GID table of {name}: {e:?}")))?;
+    let entries =
+        ctx.query_gid_table().map_err(|e| Error::Environment(format!("cannot read the GID table of {name}: {e:?}")))?;
     Ok(entries
         .iter()
         .filter(|e| !e.gid().is_zero())
         .map(|e| {
             let netdev = e.netdev_name().ok().filter(|n| !n.is_empty());
-            let netdev_up = netdev
-                .as_deref()
-                .is_some_and(|n| netdev_is_up(Path::new("/"), n));
+            let netdev_up = netdev.as_deref().is_some_and(|n| netdev_is_up(Path::new("/"), n));
             let kind = match e.gid_type() {
                 GidType::InfiniBand => GidKind::Ib,
                 GidType::RoceV1 => GidKind::RoceV1,
@@ -156,13 +135,7 @@ pub fn gid_table(ctx: &DeviceContext) -> Result<Vec<(u8, GidInfo)>> {
             };
             (
                 e.port_num() as u8,
-                GidInfo {
-                    index: e.gid_index(),
-                    gid: Ipv6Addr::from(e.gid().raw),
-                    kind,
-                    netdev,
-                    netdev_up,
-                },
+                GidInfo { index: e.gid_index(), gid: Ipv6Addr::from(e.gid().raw), kind, netdev, netdev_up },
             )
         })
         .collect())
@@ -249,13 +222,7 @@ pub fn rate_gbps(width: u8, speed: u32) -> Option<f64> {
 /// network byte order.
 pub fn guid_string(raw_be: u64) -> String {
     let v = u64::from_be(raw_be);
-    format!(
-        "{:04x}:{:04x}:{:04x}:{:04x}",
-        v >> 48,
-        (v >> 32) & 0xffff,
-        (v >> 16) & 0xffff,
-        v & 0xffff
-    )
+    format!("{:04x}:{:04x}:{:04x}:{:04x}", v >> 48, (v >> 32) & 0xffff, (v >> 16) & 0xffff, v & 0xffff)
 }
 
 #[cfg(test)]
@@ -286,9 +253,6 @@ mod tests {
         assert_eq!(rate_gbps(2, 32), Some(100.0));
         assert_eq!(rate_gbps(2, 128), Some(400.0));
         assert_eq!(rate_gbps(1, 1), Some(2.5));
-        assert_eq!(
-            guid_string(u64::from_be(0x0855_72ff_fe82_d23f)),
-            "0855:72ff:fe82:d23f"
-        );
+        assert_eq!(guid_string(u64::from_be(0x0855_72ff_fe82_d23f)), "0855:72ff:fe82:d23f");
     }
 }

@@ -8,10 +8,7 @@ const CAP_IPC_LOCK: u32 = 14;
 
 /// RLIMIT_MEMLOCK's soft limit in bytes; None when unlimited.
 pub fn memlock_limit() -> Option<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes into the struct we own.
     if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
         return None;
@@ -29,10 +26,7 @@ pub fn has_ipc_lock() -> bool {
 
 /// Parses the `CapEff:` line of a /proc/PID/status text.
 pub fn cap_eff(status: &str) -> Option<u64> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+    status.lines().find_map(|l| l.strip_prefix("CapEff:")).and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
 }
 
 pub fn human_bytes(b: u64) -> String {
@@ -48,12 +42,7 @@ pub fn human_bytes(b: u64) -> String {
 /// The error for a failed registration of `needed` bytes, given the limits in force.
 /// A low memlock limit without CAP_IPC_LOCK is named with the fix; anything else keeps
 /// the OS error.
-pub fn registration_error(
-    needed: u64,
-    os_error: &str,
-    limit: Option<u64>,
-    ipc_lock: bool,
-) -> Error {
+pub fn registration_error(needed: u64, os_error: &str, limit: Option<u64>, ipc_lock: bool) -> Error {
     match limit {
         Some(lim) if !ipc_lock && lim < needed => Error::Environment(format!(
             "cannot register {} of memory ({os_error}): the locked-memory limit (ulimit -l) is {} and \
@@ -91,10 +80,7 @@ mod tests {
     #[test]
     fn with_capability_or_enough_limit_the_os_error_is_kept() {
         let m = registration_error(8 << 20, "Bad address", Some(64 << 10), true).to_string();
-        assert!(
-            m.contains("Bad address") && !m.contains("ulimit -l unlimited"),
-            "{m}"
-        );
+        assert!(m.contains("Bad address") && !m.contains("ulimit -l unlimited"), "{m}");
         let m = registration_error(4096, "Bad address", None, false).to_string();
         assert!(m.contains("unlimited"), "{m}");
     }

@@ -8,16 +8,14 @@ use std::ptr::{NonNull, null_mut};
 use std::sync::Arc;
 
 use rdma_mummy_sys::{
-    ibv_cq, ibv_poll_cq, ibv_post_send, ibv_qp, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc,
-    ibv_wc_status_str, ibv_wr_opcode,
+    ibv_cq, ibv_poll_cq, ibv_post_send, ibv_qp, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status_str,
+    ibv_wr_opcode,
 };
 use sideway::ibverbs::AccessFlags;
 use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionQueue};
 use sideway::ibverbs::device_context::Mtu;
-use sideway::ibverbs::queue_pair::{
-    BasicQueuePair, QueuePair, QueuePairAttribute, QueuePairState, QueuePairType,
-};
+use sideway::ibverbs::queue_pair::{BasicQueuePair, QueuePair, QueuePairAttribute, QueuePairState, QueuePairType};
 
 use super::buffer::RegisteredBuf;
 use super::context::Rdma;
@@ -45,19 +43,14 @@ pub struct RcQp {
 impl RcQp {
     /// Creates an RC QP with its own CQ. `inline` must not exceed `probe_max_inline`.
     pub fn create(rdma: &Rdma, sq_depth: u32, rq_depth: u32, inline: u32) -> Result<RcQp> {
-        let cq = rdma
-            .ctx
-            .create_cq_builder()
-            .setup_cqe(sq_depth + rq_depth + 1)
-            .build()
-            .map_err(|e| {
-                Error::Environment(format!(
-                    "cannot create a CQ of {} entries on {}: {e:?} (device max_cqe {})",
-                    sq_depth + rq_depth + 1,
-                    rdma.name(),
-                    rdma.max_cqe
-                ))
-            })?;
+        let cq = rdma.ctx.create_cq_builder().setup_cqe(sq_depth + rq_depth + 1).build().map_err(|e| {
+            Error::Environment(format!(
+                "cannot create a CQ of {} entries on {}: {e:?} (device max_cqe {})",
+                sq_depth + rq_depth + 1,
+                rdma.name(),
+                rdma.max_cqe
+            ))
+        })?;
         let qp = build_qp(rdma, &cq, sq_depth, rq_depth, inline).map_err(|os| {
             Error::Environment(format!(
                 "cannot create an RC QP on {} (send queue {sq_depth}, inline {inline} B): {os}",
@@ -66,14 +59,7 @@ impl RcQp {
         })?;
         // SAFETY: both handles live as long as `self` (the owners are fields).
         let (raw_qp, raw_cq) = unsafe { (qp.qp(), cq.cq()) };
-        Ok(RcQp {
-            qp,
-            cq,
-            raw_qp,
-            raw_cq,
-            psn: random_psn(),
-            max_inline: inline,
-        })
+        Ok(RcQp { qp, cq, raw_qp, raw_cq, psn: random_psn(), max_inline: inline })
     }
 
     /// The largest inline size the device accepts for an RC QP (binary search over QP creation).
@@ -83,15 +69,10 @@ impl RcQp {
             .create_cq_builder()
             .setup_cqe(2)
             .build()
-            .map_err(|e| {
-                Error::Environment(format!("cannot create a CQ on {}: {e:?}", rdma.name()))
-            })?;
+            .map_err(|e| Error::Environment(format!("cannot create a CQ on {}: {e:?}", rdma.name())))?;
         let (mut lo, mut hi) = (0u32, INLINE_PROBE_MAX);
         if build_qp(rdma, &cq, 1, 1, 0).is_err() {
-            return Err(Error::Environment(format!(
-                "cannot create any RC QP on {}",
-                rdma.name()
-            )));
+            return Err(Error::Environment(format!("cannot create any RC QP on {}", rdma.name())));
         }
         while lo < hi {
             let mid = (lo + hi).div_ceil(2);
@@ -110,27 +91,22 @@ impl RcQp {
 
     /// INIT -> RTR -> RTS against the peer's endpoint at path MTU `mtu` bytes.
     pub fn connect(&mut self, rdma: &Rdma, remote: &Endpoint, mtu: u32) -> Result<()> {
-        let access = AccessFlags::LocalWrite
-            | AccessFlags::RemoteWrite
-            | AccessFlags::RemoteRead
-            | AccessFlags::RemoteAtomic;
+        let access =
+            AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead | AccessFlags::RemoteAtomic;
         let mut init = QueuePairAttribute::new();
         init.setup_state(QueuePairState::Init)
             .setup_pkey_index(0)
             .setup_port(rdma.port.port)
             .setup_access_flags(access);
-        self.qp
-            .modify(&init)
-            .map_err(|e| Error::Environment(format!("cannot move the QP to INIT: {e:?}")))?;
+        self.qp.modify(&init).map_err(|e| Error::Environment(format!("cannot move the QP to INIT: {e:?}")))?;
 
         let mut av = AddressHandleAttribute::new();
-        av.setup_port(rdma.port.port)
-            .setup_dest_lid(remote.lid)
-            .setup_service_level(0);
+        av.setup_port(rdma.port.port).setup_dest_lid(remote.lid).setup_service_level(0);
         if rdma.gid.use_grh {
-            let dgid: std::net::Ipv6Addr = remote.gid.parse().map_err(|_| {
-                Error::Peer(format!("the peer sent an invalid GID {:?}", remote.gid))
-            })?;
+            let dgid: std::net::Ipv6Addr = remote
+                .gid
+                .parse()
+                .map_err(|_| Error::Peer(format!("the peer sent an invalid GID {:?}", remote.gid)))?;
             av.setup_grh(&Gid::from(dgid), 0, rdma.gid.index as u8, HOP_LIMIT, 0);
         }
         let mut rtr = QueuePairAttribute::new();
@@ -156,9 +132,7 @@ impl RcQp {
             .setup_retry_cnt(7)
             .setup_rnr_retry(7)
             .setup_max_read_atomic(1);
-        self.qp
-            .modify(&rts)
-            .map_err(|e| Error::Environment(format!("cannot move the QP to RTS: {e:?}")))?;
+        self.qp.modify(&rts).map_err(|e| Error::Environment(format!("cannot move the QP to RTS: {e:?}")))?;
         Ok(())
     }
 
@@ -213,11 +187,7 @@ fn build_qp(
         .setup_send_cq(Arc::clone(cq))
         .setup_recv_cq(Arc::clone(cq))
         .build()
-        .map_err(|e| {
-            std::error::Error::source(&e)
-                .map(|s| s.to_string())
-                .unwrap_or_else(|| format!("{e:?}"))
-        })
+        .map_err(|e| std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_else(|| format!("{e:?}")))
 }
 
 fn random_psn() -> u32 {
@@ -227,9 +197,7 @@ fn random_psn() -> u32 {
     let v = if got == 4 {
         u32::from_ne_bytes(b)
     } else {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(7, |d| d.subsec_nanos())
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.subsec_nanos())
     };
     v & 0x00ff_ffff
 }
@@ -258,11 +226,7 @@ impl WriteRequest {
         wr.wr.rdma.rkey = rkey;
         Box::new(WriteRequest {
             wr,
-            sge: ibv_sge {
-                addr: local.addr() + offset as u64,
-                length: len,
-                lkey: local.lkey(),
-            },
+            sge: ibv_sge { addr: local.addr() + offset as u64, length: len, lkey: local.lkey() },
         })
     }
 
@@ -309,9 +273,7 @@ pub fn check_completion(wc: &Completion, peer: &str) -> Result<u64> {
         return Ok(wc.wr_id);
     }
     // SAFETY: returns a static string for any status value.
-    let text = unsafe { CStr::from_ptr(ibv_wc_status_str(wc.status)) }
-        .to_string_lossy()
-        .into_owned();
+    let text = unsafe { CStr::from_ptr(ibv_wc_status_str(wc.status)) }.to_string_lossy().into_owned();
     match wc.status {
         12 | 13 | 5 => Err(Error::Peer(format!(
             "{peer} stopped responding on the RDMA path: completion status {text} ({}); it died, hung or its QP is gone",
