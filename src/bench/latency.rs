@@ -39,7 +39,7 @@ pub struct EchoOutcome {
 }
 
 struct Pinger {
-    req: Box<WriteRequest>,
+    req: WriteRequest,
     window: SendWindow,
     inline: bool,
     size: usize,

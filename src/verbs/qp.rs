@@ -136,13 +136,30 @@ impl RcQp {
         Ok(())
     }
 
-    /// Posts one pre-built work request (or a chain linked through `wr.next`).
+    /// Posts one pre-built work request.
     #[inline(always)]
     pub fn post(&self, req: &mut WriteRequest) -> Result<()> {
-        req.wr.sg_list = &mut req.sge;
+        self.post_batch(std::slice::from_mut(req))
+    }
+
+    /// Posts `reqs` as one chain with a single doorbell (one `ibv_post_send`). The
+    /// requests are copied into the send queue by the call, so the slice may be reused
+    /// right after it returns; the payload memory must stay until completion.
+    #[inline(always)]
+    pub fn post_batch(&self, reqs: &mut [WriteRequest]) -> Result<()> {
+        let n = reqs.len();
+        if n == 0 {
+            return Ok(());
+        }
+        for i in 0..n {
+            let next: *mut ibv_send_wr = if i + 1 < n { &mut reqs[i + 1].wr } else { null_mut() };
+            let r = &mut reqs[i];
+            r.wr.sg_list = &mut r.sge;
+            r.wr.next = next;
+        }
         let mut bad: *mut ibv_send_wr = null_mut();
-        // SAFETY: the QP is alive (owned by self); `req` and its SGE outlive the call.
-        let rc = unsafe { ibv_post_send(self.raw_qp.as_ptr(), &mut req.wr, &mut bad) };
+        // SAFETY: the QP is alive (owned by self); the chain and its SGEs outlive the call.
+        let rc = unsafe { ibv_post_send(self.raw_qp.as_ptr(), &mut reqs[0].wr, &mut bad) };
         if rc != 0 {
             return Err(Error::Environment(format!(
                 "ibv_post_send failed: {} (send queue full or work request rejected)",
@@ -211,23 +228,14 @@ pub struct WriteRequest {
 
 impl WriteRequest {
     /// An RDMA WRITE of `len` bytes at `offset` of `local` to `remote_addr`/`rkey`.
-    pub fn rdma_write(
-        local: &RegisteredBuf,
-        offset: usize,
-        len: u32,
-        remote_addr: u64,
-        rkey: u32,
-    ) -> Box<WriteRequest> {
+    pub fn rdma_write(local: &RegisteredBuf, offset: usize, len: u32, remote_addr: u64, rkey: u32) -> WriteRequest {
         // SAFETY: ibv_send_wr is a C struct for which all-zero is a valid value.
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
         wr.num_sge = 1;
         wr.wr.rdma.remote_addr = remote_addr;
         wr.wr.rdma.rkey = rkey;
-        Box::new(WriteRequest {
-            wr,
-            sge: ibv_sge { addr: local.addr() + offset as u64, length: len, lkey: local.lkey() },
-        })
+        WriteRequest { wr, sge: ibv_sge { addr: local.addr() + offset as u64, length: len, lkey: local.lkey() } }
     }
 
     #[inline(always)]
