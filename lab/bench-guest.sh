@@ -7,6 +7,11 @@ rounds=${1:-5}
 bin=${RDMABENCH_BIN:-target/release/rdmabench}
 addr=${RDMABENCH_LAB_ADDR:-10.77.0.1}
 tmp=$(mktemp -d)
+# Both tools run pinned the same way (server on one CPU, client on the other): where the
+# scheduler puts the two spinning processes otherwise swings latency by 40 % under TCG.
+ncpu=$(nproc)
+server_cpu=0
+client_cpu=$(( ncpu > 1 ? 1 : 0 ))
 trap 'rm -rf "$tmp"' EXIT
 
 # perftest prints one data row: bytes iterations then the figures.
@@ -14,10 +19,10 @@ perftest_row() { awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && NF >= 5 {row=$0} END
 
 run_perftest() { # name tool field args...
   local name=$1 tool=$2 field=$3; shift 3
-  "$tool" -x 1 -p 18515 "$@" > "$tmp/ps.out" 2>&1 &
+  taskset -c "$server_cpu" "$tool" -x 1 -p 18515 "$@" > "$tmp/ps.out" 2>&1 &
   local srv=$!
   sleep 0.3
-  timeout 120 "$tool" -x 1 -p 18515 "$@" "$addr" > "$tmp/pc.out" 2>&1
+  timeout 120 taskset -c "$client_cpu" "$tool" -x 1 -p 18515 "$@" "$addr" > "$tmp/pc.out" 2>&1
   wait "$srv"
   local v
   v=$(perftest_row "$tmp/pc.out" | awk -v f="$field" '{print $f}')
@@ -27,9 +32,9 @@ run_perftest() { # name tool field args...
 run_ours() { # name jq-path scale args...
   local name=$1 path=$2 scale=$3; shift 3
   local test=${name%%:*}
-  "$bin" "$test" -p 18516 > "$tmp/os.out" 2>&1 &
+  taskset -c "$server_cpu" "$bin" "$test" -p 18516 > "$tmp/os.out" 2>&1 &
   local srv=$!
-  timeout 120 "$bin" "$test" -p 18516 --connect-timeout 10 "$@" --json - "$addr" > "$tmp/oc.json" 2> "$tmp/oc.err"
+  timeout 120 taskset -c "$client_cpu" "$bin" "$test" -p 18516 --connect-timeout 10 "$@" --json - "$addr" > "$tmp/oc.json" 2> "$tmp/oc.err"
   wait "$srv"
   local v
   v=$(python3 -c "import json,sys; d=json.load(open('$tmp/oc.json')); r=d['results'][0]; print($path * $scale)")

@@ -337,3 +337,60 @@ fn lab_memlock_too_low_says_how_much_and_how_to_raise_it() {
         assert!(stderr.contains(part), "missing {part:?}: {stderr}");
     }
 }
+
+/// A fake peer that accepts and then does `act` with the connection.
+fn fake_server(act: impl FnOnce(std::net::TcpStream) + Send + 'static) -> (String, std::thread::JoinHandle<()>) {
+    let l = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = l.local_addr().unwrap().port().to_string();
+    let h = std::thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        act(s);
+    });
+    (port, h)
+}
+
+#[test]
+fn lab_handshake_hang_or_garbage_ends_with_exit_4_and_a_message() {
+    use std::io::Write;
+    let addr = server_addr();
+    // A server that accepts and never answers: the client gives up after --timeout.
+    let (port, h) = fake_server(|s| {
+        std::thread::sleep(Duration::from_secs(6));
+        drop(s);
+    });
+    let t = Instant::now();
+    let c = finish(spawn(&["write-lat", "-p", &port, "--timeout", "2", &addr]), Duration::from_secs(20));
+    assert_eq!(c.code, 4, "{}", c.stderr);
+    assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
+    assert!(c.stderr.contains("welcome") && c.stderr.contains("--timeout"), "{}", c.stderr);
+    h.join().unwrap();
+
+    // A server that answers with an oversized frame header.
+    let (port, h) = fake_server(|mut s| {
+        s.write_all(&u32::MAX.to_be_bytes()).unwrap();
+        std::thread::sleep(Duration::from_secs(2));
+    });
+    let c = finish(spawn(&["write-lat", "-p", &port, "--timeout", "5", &addr]), Duration::from_secs(20));
+    assert_eq!(c.code, 4, "{}", c.stderr);
+    assert!(c.stderr.contains("bad frame") && c.stderr.contains("exceeds"), "{}", c.stderr);
+    h.join().unwrap();
+
+    // A real server fed garbage by a client that is not rdmabench: a message, never a panic.
+    for garbage in [&b"GET / HTTP/1.1\r\n\r\n"[..], &[0, 0, 0, 5, b'h', b'e', b'l', b'l', b'o']] {
+        let port = next_port();
+        let server = spawn(&["write-lat", "-p", &port, "--timeout", "3"]);
+        let mut s = None;
+        for _ in 0..100 {
+            if let Ok(c) = std::net::TcpStream::connect(format!("127.0.0.1:{port}")) {
+                s = Some(c);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut s = s.expect("the server listens");
+        s.write_all(garbage).unwrap();
+        let out = finish(server, Duration::from_secs(20));
+        assert_eq!(out.code, 4, "{}", out.stderr);
+        assert!(out.stderr.contains("bad frame") && !out.stderr.contains("panicked"), "{}", out.stderr);
+    }
+}
