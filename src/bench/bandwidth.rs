@@ -4,14 +4,14 @@
 //! messages (see `stats::throughput`). The passive side only waits for the client's
 //! `Done` and, when validating, checks what landed.
 
-use crate::bench::link::Link;
+use crate::bench::link::{Link, SizeRun};
 use crate::bench::pattern;
 use crate::bench::spec::TestSpec;
 use crate::bench::wait::SendWindow;
 use crate::error::{Error, Result};
 use crate::session::{Channel, Message, PeerPoll};
 use crate::signals;
-use crate::stats::{Clock, PeakMeter, ThroughputSummary};
+use crate::stats::{PeakMeter, ThroughputSummary};
 use crate::verbs::WriteRequest;
 
 /// Empty polls between looks at the deadline, signals and the control channel.
@@ -24,14 +24,8 @@ pub struct BandwidthRun {
     pub iterations: u64,
 }
 
-pub fn client(
-    link: &Link,
-    spec: &TestSpec,
-    size: u64,
-    chan: &mut Channel,
-    clock: &Clock,
-    timeout_ns: u64,
-) -> Result<BandwidthRun> {
+pub fn client(run: &SizeRun, chan: &mut Channel) -> Result<BandwidthRun> {
+    let SizeRun { link, spec, size, clock, timeout_ns } = *run;
     let validate = spec.validate_data;
     let depth = if validate { spec.tx_depth.min(link.slots as u32) } else { spec.tx_depth };
     let cq_mod = spec.effective_cq_mod().min(depth);

@@ -5,7 +5,7 @@
 //! moment the reply's tag is seen. The hot loop posts a pre-built request, spins on one
 //! byte and reads the clock: no allocation, no formatting, no locks.
 
-use crate::bench::link::Link;
+use crate::bench::link::{Link, SizeRun};
 use crate::bench::pattern;
 use crate::bench::spec::TestSpec;
 use crate::bench::wait::{SendWindow, Woke, spin_until};
@@ -94,14 +94,8 @@ impl Pinger {
 }
 
 /// The measuring side: `iterations` round trips, or as many as fit in the duration.
-pub fn client(
-    link: &Link,
-    spec: &TestSpec,
-    size: u64,
-    chan: &mut Channel,
-    clock: &Clock,
-    timeout_ns: u64,
-) -> Result<LatencyRun> {
+pub fn client(run: &SizeRun, chan: &mut Channel) -> Result<LatencyRun> {
+    let SizeRun { link, spec, size, clock, timeout_ns } = *run;
     let mut p = Pinger::new(link, spec, size);
     let mut recorder = LatencyRecorder::new();
     let limit_ns = spec.duration_secs.map(|d| (d * 1e9) as u64);
@@ -148,14 +142,8 @@ pub fn client(
 }
 
 /// The echoing side: answers every ping until the client's `Done` arrives.
-pub fn server(
-    link: &Link,
-    spec: &TestSpec,
-    size: u64,
-    chan: &mut Channel,
-    clock: &Clock,
-    timeout_ns: u64,
-) -> Result<EchoOutcome> {
+pub fn server(run: &SizeRun, chan: &mut Channel) -> Result<EchoOutcome> {
+    let SizeRun { link, spec, size, clock, timeout_ns } = *run;
     let mut p = Pinger::new(link, spec, size);
     let peer = chan.peer().to_string();
     let mut data_error = None;

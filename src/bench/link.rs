@@ -9,6 +9,7 @@ use crate::bench::spec::{Measure, TestSpec, check_against_device};
 use crate::error::{Error, Result};
 use crate::report::{Environment, PeerEnvironment};
 use crate::session::{Channel, Endpoint, Message};
+use crate::stats::Clock;
 use crate::verbs::gid::{self, Family, GidKind, LinkLayer, SideChoice};
 use crate::verbs::{DeviceSelection, RcQp, Rdma, RegisteredBuf};
 
@@ -186,6 +187,18 @@ impl Link {
             },
         }
     }
+}
+
+/// What a measurement kernel needs for one message size. The control channel is passed
+/// beside it, since the kernels need it mutably.
+#[derive(Clone, Copy)]
+pub struct SizeRun<'a> {
+    pub link: &'a Link,
+    pub spec: &'a TestSpec,
+    pub size: u64,
+    pub clock: &'a Clock,
+    /// Longest wait for the peer, in nanoseconds.
+    pub timeout_ns: u64,
 }
 
 fn expect_endpoint(chan: &mut Channel) -> Result<Endpoint> {

@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use crate::bench::link::{Link, Prepared, Role, hostname};
+use crate::bench::link::{Prepared, Role, SizeRun, hostname};
 use crate::bench::spec::{Measure, TestSpec};
 use crate::bench::{bandwidth, latency};
 use crate::error::{Error, Result};
@@ -69,7 +69,8 @@ pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResul
     let clock = Clock::new();
     let mut results = Vec::with_capacity(spec.sizes.len());
     for &size in &spec.sizes {
-        let r = measure_size(&link, spec, size, &mut chan, &clock, opts.timeout_ns()).inspect_err(|e| {
+        let run = SizeRun { link: &link, spec, size, clock: &clock, timeout_ns: opts.timeout_ns() };
+        let r = measure_size(&run, &mut chan).inspect_err(|e| {
             if !matches!(e, Error::Peer(_)) {
                 chan.abort(e);
             }
@@ -94,14 +95,8 @@ pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResul
     Ok(run)
 }
 
-fn measure_size(
-    link: &Link,
-    spec: &TestSpec,
-    size: u64,
-    chan: &mut Channel,
-    clock: &Clock,
-    timeout_ns: u64,
-) -> Result<SizeResult> {
+fn measure_size(run: &SizeRun, chan: &mut Channel) -> Result<SizeResult> {
+    let SizeRun { link, spec, size, .. } = *run;
     if spec.measure == Measure::Latency {
         latency::clear_tag(link, size);
     }
@@ -114,14 +109,14 @@ fn measure_size(
     }
     let (iterations, duration_ns, latency, bandwidth) = match spec.measure {
         Measure::Latency => {
-            let run = latency::client(link, spec, size, chan, clock, timeout_ns)?;
-            let summary = run.recorder.summary(0.5);
-            let lat = LatencyResult { kind: "one_way".into(), unit: "ns".into(), summary };
-            (run.iterations, run.elapsed_ns, Some(lat), None)
+            let lat = latency::client(run, chan)?;
+            let summary = lat.recorder.summary(0.5);
+            let result = LatencyResult { kind: "one_way".into(), unit: "ns".into(), summary };
+            (lat.iterations, lat.elapsed_ns, Some(result), None)
         }
         Measure::Bandwidth => {
-            let run = bandwidth::client(link, spec, size, chan, clock, timeout_ns)?;
-            (run.iterations, run.summary.elapsed_ns, None, Some(run.summary))
+            let bw = bandwidth::client(run, chan)?;
+            (bw.iterations, bw.summary.elapsed_ns, None, Some(bw.summary))
         }
     };
     chan.send(&Message::Done { size, iterations })?;
@@ -205,7 +200,9 @@ pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult>
                 chan.send(&Message::Ready { size })?;
                 let (iterations, data_error) = match spec.measure {
                     Measure::Latency => {
-                        let o = latency::server(&link, &spec, size, &mut chan, &clock, opts.timeout_ns())?;
+                        let run =
+                            SizeRun { link: &link, spec: &spec, size, clock: &clock, timeout_ns: opts.timeout_ns() };
+                        let o = latency::server(&run, &mut chan)?;
                         (o.iterations, o.data_error)
                     }
                     Measure::Bandwidth => bandwidth::server(&link, &spec, size, &mut chan)?,
