@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::bench::runner::RunOptions;
-use crate::bench::spec::{Measure, Operation, TestSpec};
+use crate::bench::spec::{AtomicOp, Measure, Operation, TestSpec, Transport};
 use crate::error::{Error, Result};
 use crate::report::table::Units;
 use crate::verbs::DeviceSelection;
@@ -30,6 +30,45 @@ pub enum Command {
     WriteLat(TestArgs),
     /// RDMA WRITE bandwidth and message rate, like ib_write_bw.
     WriteBw(TestArgs),
+    /// RDMA READ latency (the whole round trip), like ib_read_lat.
+    ReadLat(TestArgs),
+    /// RDMA READ bandwidth and message rate, like ib_read_bw.
+    ReadBw(TestArgs),
+    /// SEND/RECV latency (ping-pong, one-way = round trip / 2), like ib_send_lat.
+    SendLat(TestArgs),
+    /// SEND/RECV bandwidth and message rate, like ib_send_bw.
+    SendBw(TestArgs),
+    /// Atomic (fetch-and-add or compare-and-swap) latency, the whole round trip, like ib_atomic_lat.
+    AtomicLat(TestArgs),
+    /// Atomic operation rate, like ib_atomic_bw.
+    AtomicBw(TestArgs),
+}
+
+impl Command {
+    /// The test a subcommand runs, with its flags.
+    pub fn test(&self) -> Option<(Operation, Measure, &TestArgs)> {
+        let (op, measure, args) = match self {
+            Command::Devices { .. } => return None,
+            Command::WriteLat(a) => (Operation::Write, Measure::Latency, a),
+            Command::WriteBw(a) => (Operation::Write, Measure::Bandwidth, a),
+            Command::ReadLat(a) => (Operation::Read, Measure::Latency, a),
+            Command::ReadBw(a) => (Operation::Read, Measure::Bandwidth, a),
+            Command::SendLat(a) => (Operation::Send, Measure::Latency, a),
+            Command::SendBw(a) => (Operation::Send, Measure::Bandwidth, a),
+            Command::AtomicLat(a) => (Operation::Atomic, Measure::Latency, a),
+            Command::AtomicBw(a) => (Operation::Atomic, Measure::Bandwidth, a),
+        };
+        Some((op, measure, args))
+    }
+}
+
+fn transport(s: &str) -> std::result::Result<Transport, String> {
+    match s.to_ascii_uppercase().as_str() {
+        "RC" => Ok(Transport::Rc),
+        "UC" => Ok(Transport::Uc),
+        "UD" => Ok(Transport::Ud),
+        _ => Err(format!("{s:?} is not a transport; use RC, UC or UD")),
+    }
 }
 
 /// Flags of a two-sided test. Without HOST this process is the server and needs only
@@ -44,6 +83,21 @@ pub struct TestArgs {
     /// Device port.
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     pub ib_port: u8,
+    /// Transport: RC, UC (write, send) or UD (send).
+    #[arg(short = 'c', long = "connection", default_value = "RC", value_parser = transport)]
+    pub transport: Transport,
+    /// Receive queue depth, where the test posts receives (send, write with immediate).
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 512)]
+    pub rx_depth: u32,
+    /// WRITE or SEND with immediate data (the receiver consumes a receive per message).
+    #[arg(long = "with-imm")]
+    pub with_imm: bool,
+    /// Atomic verb of the atomic tests.
+    #[arg(short = 'A', long = "atomic_type", visible_alias = "atomic-type", value_enum, default_value_t = AtomicOp::FetchAndAdd)]
+    pub atomic_op: AtomicOp,
+    /// Outstanding RDMA READs and atomics per QP (default min(16, the device's max_qp_rd_atom)).
+    #[arg(short = 'o', long = "outstanding-reads", visible_alias = "outs")]
+    pub outstanding_reads: Option<u32>,
     /// GID index (default: a RoCE v2 GID whose netdev is up, IPv4-mapped preferred).
     #[arg(short = 'x', long = "gid-index")]
     pub gid_index: Option<u32>,
@@ -105,11 +159,14 @@ fn seconds(flag: &str, v: f64) -> Result<Duration> {
 
 impl TestArgs {
     pub fn spec(&self, operation: Operation, measure: Measure) -> TestSpec {
-        let d = TestSpec::defaults(operation, measure);
+        let d = TestSpec::new(operation, measure);
         TestSpec {
-            operation,
-            measure,
-            sizes: if self.all { TestSpec::sweep_sizes() } else { vec![self.size.unwrap_or(d.size)] },
+            transport: self.transport,
+            with_imm: self.with_imm,
+            atomic_op: self.atomic_op,
+            rx_depth: self.rx_depth,
+            outstanding_reads: self.outstanding_reads,
+            sizes: if self.all { TestSpec::sweep_sizes() } else { self.size.map_or(d.sizes.clone(), |s| vec![s]) },
             iterations: self.iterations.unwrap_or(d.iterations),
             duration_secs: self.duration,
             tx_depth: self.tx_depth.unwrap_or(d.tx_depth),
@@ -118,6 +175,7 @@ impl TestArgs {
             mtu: self.mtu,
             validate_data: self.validate_data,
             corrupt_at: self.corrupt_at,
+            ..d
         }
     }
 
@@ -135,7 +193,11 @@ impl TestArgs {
     /// Test flags given to a server, which ignores them in favour of the client's spec.
     pub fn test_flags_given(&self) -> Vec<&'static str> {
         let mut v = Vec::new();
-        let flags: [(&'static str, bool); 9] = [
+        let flags: [(&'static str, bool); 13] = [
+            ("-c", self.transport != Transport::Rc),
+            ("-r", self.rx_depth != 512),
+            ("--with-imm", self.with_imm),
+            ("-o", self.outstanding_reads.is_some()),
             ("-s", self.size.is_some()),
             ("-a", self.all),
             ("-n", self.iterations.is_some()),
@@ -165,10 +227,42 @@ mod tests {
     }
 
     fn test_args(args: &[&str]) -> TestArgs {
-        match parse(args).unwrap().command {
-            Command::WriteLat(a) | Command::WriteBw(a) => a,
-            other => panic!("{other:?}"),
+        let cli = parse(args).unwrap();
+        cli.command.test().expect("a test subcommand").2.clone()
+    }
+
+    #[test]
+    fn every_operation_has_a_lat_and_a_bw_subcommand() {
+        for (name, op, measure) in [
+            ("write-lat", Operation::Write, Measure::Latency),
+            ("read-bw", Operation::Read, Measure::Bandwidth),
+            ("send-lat", Operation::Send, Measure::Latency),
+            ("atomic-bw", Operation::Atomic, Measure::Bandwidth),
+        ] {
+            let cli = parse(&[name]).unwrap();
+            let (o, m, a) = cli.command.test().unwrap();
+            assert_eq!((o, m), (op, measure));
+            let spec = a.spec(o, m);
+            spec.check().unwrap();
+            if o == Operation::Atomic {
+                assert_eq!(spec.sizes, vec![8]);
+            }
         }
+    }
+
+    #[test]
+    fn transport_imm_atomic_and_read_flags() {
+        let a = test_args(&["send-bw", "-c", "ud", "-r", "64", "--with-imm"]);
+        let s = a.spec(Operation::Send, Measure::Bandwidth);
+        assert_eq!((s.transport, s.rx_depth, s.with_imm), (Transport::Ud, 64, true));
+        let a = test_args(&["atomic-lat", "-A", "CMP_AND_SWP"]);
+        assert_eq!(a.spec(Operation::Atomic, Measure::Latency).atomic_op, AtomicOp::CmpAndSwp);
+        let a = test_args(&["read-bw", "--outstanding-reads", "4"]);
+        assert_eq!(a.outstanding_reads, Some(4));
+        assert_eq!(parse(&["send-bw", "-c", "XRC"]).unwrap_err().exit_code(), 2);
+        assert_eq!(parse(&["atomic-bw", "-A", "SWAP"]).unwrap_err().exit_code(), 2);
+        let refused = test_args(&["read-lat", "-c", "UC"]).spec(Operation::Read, Measure::Latency).check();
+        assert_eq!(refused.unwrap_err().exit_code(), 2);
     }
 
     #[test]

@@ -7,23 +7,21 @@ use rdmabench::bench::spec::{Measure, Operation};
 use rdmabench::cli::{Cli, Command, TestArgs};
 use rdmabench::{Result, devices, signals, verbs};
 
-fn run_test(args: &TestArgs, measure: Measure) -> Result<()> {
+fn run_test(operation: Operation, measure: Measure, args: &TestArgs) -> Result<()> {
     let opts = args.options()?;
     match &args.host {
-        Some(host) => runner::client(host, &args.spec(Operation::Write, measure), &opts).map(|_| ()),
+        Some(host) => runner::client(host, &args.spec(operation, measure), &opts).map(|_| ()),
         None => runner::server(&opts, &args.test_flags_given()).map(|_| ()),
     }
 }
 
 fn run(cli: Cli) -> Result<()> {
-    match cli.command {
-        Command::Devices { json } => {
-            let list = verbs::inventory::inventory()?;
-            devices::print(&list, json, &mut std::io::stdout().lock())
-        }
-        Command::WriteLat(args) => run_test(&args, Measure::Latency),
-        Command::WriteBw(args) => run_test(&args, Measure::Bandwidth),
+    if let Some((operation, measure, args)) = cli.command.test() {
+        return run_test(operation, measure, args);
     }
+    let Command::Devices { json } = cli.command else { unreachable!("every other command is a test") };
+    let list = verbs::inventory::inventory()?;
+    devices::print(&list, json, &mut std::io::stdout().lock())
 }
 
 fn main() {

@@ -1,18 +1,25 @@
-//! Ping-pong latency, as perftest measures it: the client writes a message whose last
-//! byte carries an iteration tag into the server's receive region; the server spins on
-//! that byte, then writes the same-sized message back; the client spins on its own
-//! receive region. One sample is one round trip, timed from just before the post to the
-//! moment the reply's tag is seen. The hot loop posts a pre-built request, spins on one
-//! byte and reads the clock: no allocation, no formatting, no locks.
+//! Latency kernels, in the two shapes perftest uses.
+//!
+//! Ping-pong (write, send, and both with immediate data): the client sends message `i`,
+//! the server waits for it and answers with message `i`, the client waits for the answer.
+//! Arrival is seen by spinning on the message's last byte (plain write) or on the receive
+//! CQ (send, write with immediate). One sample is one round trip, reported halved.
+//!
+//! Round trip (read, atomic): the client posts the operation and spins on its own send
+//! CQ; the server is passive. One sample is one whole round trip, reported as such.
+//!
+//! The hot loops post pre-built requests, spin and read the clock: no allocation, no
+//! formatting, no locks.
 
 use crate::bench::link::{Link, SizeRun};
 use crate::bench::pattern;
-use crate::bench::spec::TestSpec;
-use crate::bench::wait::{SendWindow, Woke, spin_until};
+use crate::bench::spec::{AtomicOp, Operation, TestSpec};
+use crate::bench::wait::{RecvRing, SendWindow, Woke, spin_until};
 use crate::error::{Error, Result};
 use crate::session::{Channel, Message};
 use crate::stats::{Clock, LatencyRecorder};
-use crate::verbs::WriteRequest;
+use crate::verbs::qp::{check_completion, completions, imm_of};
+use crate::verbs::{SendRequest, Transport};
 
 /// Tag of iteration `i`: never 0 (the cleared value) and different from its neighbours.
 #[inline(always)]
@@ -20,10 +27,37 @@ fn tag(i: u64) -> u8 {
     (i % 255) as u8 + 1
 }
 
-/// Clears the byte the peer's first write of `size` will tag. Call before the peer may
-/// write: on the server before it answers `Start`, on the client before its first post.
-pub fn clear_tag(link: &Link, size: u64) {
-    link.buf.store(link.recv_offset() + size as usize - 1, 0);
+/// Whether samples are halved round trips (ping-pong) or whole ones.
+pub fn is_ping_pong(spec: &TestSpec) -> bool {
+    matches!(spec.operation, Operation::Write | Operation::Send)
+}
+
+/// Gets this side's memory ready for a size, before the peer may touch it: clears the
+/// byte a plain write's arrival is seen on, fills what reads fetch, zeroes the counter
+/// atomics work on.
+pub fn prepare(link: &Link, spec: &TestSpec, size: u64) {
+    let l = &link.layout;
+    match spec.operation {
+        Operation::Write if !spec.with_imm => link.buf.store(l.recv_at(0) as usize + size as usize - 1, 0),
+        Operation::Read => {
+            for slot in 0..l.send_slots {
+                // SAFETY: the peer reads this memory only after we answer `Start`.
+                pattern::fill(unsafe { link.buf.bytes_mut(l.send_at(slot) as usize, size as usize) }, slot);
+            }
+        }
+        Operation::Atomic => {
+            // SAFETY: as above; the counter is 8 aligned bytes.
+            unsafe { link.buf.bytes_mut(l.recv_at(0) as usize, 8) }.fill(0);
+        }
+        _ => {}
+    }
+}
+
+/// The value of the 8-byte atomic counter this side holds.
+pub fn counter(link: &Link) -> u64 {
+    // SAFETY: read after the peer finished; 8 bytes in bounds.
+    let b = unsafe { link.buf.bytes(link.layout.recv_at(0) as usize, 8) };
+    u64::from_le_bytes(b.try_into().expect("8 bytes"))
 }
 
 pub struct LatencyRun {
@@ -38,98 +72,180 @@ pub struct EchoOutcome {
     pub data_error: Option<String>,
 }
 
-struct Pinger {
-    req: WriteRequest,
+struct PingPong<'a> {
+    link: &'a Link,
+    spec: &'a TestSpec,
+    req: SendRequest,
     window: SendWindow,
     inline: bool,
     size: usize,
-    tag_offset: usize,
+    /// Byte whose tag marks a plain write's arrival; None when arrival is a receive.
+    tag_offset: Option<usize>,
 }
 
-impl Pinger {
-    fn new(link: &Link, spec: &TestSpec, size: u64) -> Pinger {
-        let req = WriteRequest::rdma_write(&link.buf, 0, size as u32, link.remote_recv_addr(), link.remote.rkey);
-        let tag_offset = link.recv_offset() + size as usize - 1;
-        Pinger {
+impl<'a> PingPong<'a> {
+    fn new(link: &'a Link, spec: &'a TestSpec, size: u64) -> PingPong<'a> {
+        let imm = spec.with_imm.then_some(0);
+        let req = match spec.operation {
+            Operation::Write => {
+                SendRequest::write(&link.buf, 0, size as u32, link.remote_recv_addr(0), link.remote.rkey, imm)
+            }
+            _ => {
+                let r = SendRequest::send(&link.buf, 0, size as u32, imm);
+                if spec.transport == Transport::Ud { r.to_ud(link.qp.ah(), link.remote.qpn) } else { r }
+            }
+        };
+        let plain_write = spec.operation == Operation::Write && !spec.with_imm;
+        PingPong {
+            link,
+            spec,
             req,
             window: SendWindow::new(spec.tx_depth, spec.effective_cq_mod()),
             inline: size <= link.inline_size as u64,
             size: size as usize,
-            tag_offset,
+            tag_offset: plain_write.then(|| link.layout.recv_at(0) as usize + size as usize - 1),
         }
     }
 
-    /// Writes message `i` (pattern when validating, then the tag) to the peer.
+    /// Puts message `i` in the send slot (pattern when validating, then the tag or imm).
     #[inline(always)]
-    fn prepare(&mut self, link: &Link, i: u64, validate: bool, corrupt: bool) {
+    fn prepare(&mut self, i: u64, corrupt: bool) {
+        let validate = self.spec.validate_data;
         if validate {
-            // SAFETY: the previous write of this region completed (the peer answered it).
-            let body = unsafe { link.buf.bytes_mut(0, self.size - 1) };
-            pattern::fill(body, i);
-            if corrupt && !body.is_empty() {
-                body[0] ^= 0xff;
+            // SAFETY: the previous message from this slot completed (the peer answered it).
+            let body = unsafe { self.link.buf.bytes_mut(0, self.size) };
+            if self.spec.operation == Operation::Send {
+                pattern::fill_stamped(body, i);
+            } else {
+                pattern::fill(body, i);
+            }
+            if corrupt {
+                let at = if self.spec.operation == Operation::Send && self.size > 8 { 8 } else { 0 };
+                body[at] ^= 0xff;
             }
         }
-        link.buf.store(self.size - 1, tag(i));
+        match self.tag_offset {
+            Some(_) => self.link.buf.store(self.size - 1, tag(i)),
+            None => self.req.set_imm(i as u32),
+        }
     }
 
     #[inline(always)]
-    fn post(&mut self, link: &Link, clock: &Clock, chan: &mut Channel, timeout_ns: u64) -> Result<()> {
+    fn post(&mut self, clock: &Clock, chan: &mut Channel, timeout_ns: u64) -> Result<()> {
         if !self.window.has_room() {
-            self.window.wait_for_room(link, clock, chan, timeout_ns)?;
+            self.window.wait_for_room(self.link, clock, chan, timeout_ns)?;
         }
         let (signaled, id) = self.window.on_post(false);
         self.req.set_flags(signaled, self.inline);
         self.req.set_wr_id(id);
-        link.qp.post(&mut self.req)
+        self.link.qp.post(&mut self.req)
     }
 
-    /// Checks what the peer wrote for iteration `i` (everything before the tag).
-    fn check(&self, link: &Link, i: u64) -> Option<String> {
+    /// Waits for message `i` from the peer. Returns the receive slot it landed in, or
+    /// the control message that arrived instead.
+    #[inline(always)]
+    fn wait(
+        &mut self,
+        i: u64,
+        ring: Option<&mut RecvRing>,
+        clock: &Clock,
+        chan: &mut Channel,
+        timeout_ns: u64,
+        waiting_for: &str,
+    ) -> Result<std::result::Result<u64, Message>> {
+        let link = self.link;
+        if let Some(off) = self.tag_offset {
+            let expected = tag(i);
+            return Ok(
+                match spin_until(clock, chan, timeout_ns, waiting_for, || link.buf.load_volatile(off) == expected)? {
+                    Woke::Ready => Ok(0),
+                    Woke::Peer(m) => Err(m),
+                },
+            );
+        }
+        let ring = ring.expect("receive-based tests have a receive ring");
+        let mut polled = Ok(0);
+        let woke = spin_until(clock, chan, timeout_ns, waiting_for, || {
+            polled = ring.poll(link);
+            !matches!(polled, Ok(0))
+        })?;
+        if let Woke::Peer(m) = woke {
+            return Ok(Err(m));
+        }
+        polled?;
+        let wc = *ring.completion(0);
+        check_completion(&wc, chan.peer())?;
+        if self.spec.with_imm && imm_of(&wc) != i as u32 {
+            return Err(Error::Check(format!("immediate data {} arrived where {} was due", imm_of(&wc), i as u32)));
+        }
+        let slot = ring.slot_of(link, &wc);
+        ring.release(link, 1)?;
+        Ok(Ok(slot))
+    }
+
+    /// Checks what the peer sent as message `i` (everything but the tag).
+    fn check(&self, i: u64, slot: u64) -> Option<String> {
+        let l = &self.link.layout;
+        let at = (l.recv_at(slot) + l.recv_payload) as usize;
+        let len = if self.tag_offset.is_some() { self.size - 1 } else { self.size };
         // SAFETY: the peer wrote this message and waits for our reply before writing again.
-        let body = unsafe { link.buf.bytes(link.recv_offset(), self.size - 1) };
+        let body = unsafe { self.link.buf.bytes(at, len) };
+        if self.spec.operation == Operation::Send {
+            return pattern::check_stamped(body, i).err().map(|e| format!("{e} (iteration {i})"));
+        }
         pattern::first_mismatch(body, i)
             .map(|off| format!("data mismatch at iteration {i}, byte {off} of a {}-byte message", self.size))
     }
 }
 
-/// The measuring side: `iterations` round trips, or as many as fit in the duration.
+/// The measuring side.
 pub fn client(run: &SizeRun, chan: &mut Channel) -> Result<LatencyRun> {
+    if is_ping_pong(run.spec) { ping_pong_client(run, chan) } else { round_trip_client(run, chan) }
+}
+
+/// Ends the loop at `-n` iterations or after `-D` seconds.
+struct Limit {
+    iterations: u64,
+    limit_ns: Option<u64>,
+    start: u64,
+}
+
+impl Limit {
+    fn new(spec: &TestSpec, clock: &Clock) -> Limit {
+        Limit {
+            iterations: spec.iterations,
+            limit_ns: spec.duration_secs.map(|d| (d * 1e9) as u64),
+            start: clock.now(),
+        }
+    }
+
+    #[inline(always)]
+    fn done(&self, i: u64, clock: &Clock) -> bool {
+        match self.limit_ns {
+            Some(limit) => i > 0 && clock.nanos(self.start, clock.now()) >= limit,
+            None => i == self.iterations,
+        }
+    }
+}
+
+fn ping_pong_client(run: &SizeRun, chan: &mut Channel) -> Result<LatencyRun> {
     let SizeRun { link, spec, size, clock, timeout_ns } = *run;
-    let mut p = Pinger::new(link, spec, size);
+    let mut p = PingPong::new(link, spec, size);
+    let mut ring = link.receives.borrow_mut();
     let mut recorder = LatencyRecorder::new();
-    let limit_ns = spec.duration_secs.map(|d| (d * 1e9) as u64);
     let peer = chan.peer().to_string();
-    let start = clock.now();
+    let limit = Limit::new(spec, clock);
     let mut i = 0u64;
-    loop {
-        match limit_ns {
-            Some(limit) => {
-                if i > 0 && clock.nanos(start, clock.now()) >= limit {
-                    break;
-                }
-            }
-            None => {
-                if i == spec.iterations {
-                    break;
-                }
-            }
-        }
-        p.prepare(link, i, spec.validate_data, spec.corrupt_at == Some(i));
-        let expected = tag(i);
+    while !limit.done(i, clock) {
+        p.prepare(i, spec.corrupt_at == Some(i));
         let t0 = clock.now();
-        p.post(link, clock, chan, timeout_ns)?;
-        let tag_offset = p.tag_offset;
-        let woke = spin_until(clock, chan, timeout_ns, "the reply to a ping", || {
-            link.buf.load_volatile(tag_offset) == expected
-        })?;
+        p.post(clock, chan, timeout_ns)?;
+        let arrived = p.wait(i, ring.as_mut(), clock, chan, timeout_ns, "the reply to a ping")?;
         let t1 = clock.now();
-        if let Woke::Peer(m) = woke {
-            return Err(Error::Peer(format!("{peer} sent {} in the middle of the run", m.kind())));
-        }
+        let slot = arrived.map_err(|m| Error::Peer(format!("{peer} sent {} in the middle of the run", m.kind())))?;
         recorder.record(clock.nanos(t0, t1));
         if spec.validate_data
-            && let Some(e) = p.check(link, i)
+            && let Some(e) = p.check(i, slot)
         {
             return Err(Error::Check(format!("{e} (written by {peer})")));
         }
@@ -138,22 +254,88 @@ pub fn client(run: &SizeRun, chan: &mut Channel) -> Result<LatencyRun> {
         }
         i += 1;
     }
-    Ok(LatencyRun { recorder, iterations: i, elapsed_ns: clock.nanos(start, clock.now()) })
+    Ok(LatencyRun { recorder, iterations: i, elapsed_ns: clock.nanos(limit.start, clock.now()) })
 }
 
-/// The echoing side: answers every ping until the client's `Done` arrives.
-pub fn server(run: &SizeRun, chan: &mut Channel) -> Result<EchoOutcome> {
+fn round_trip_client(run: &SizeRun, chan: &mut Channel) -> Result<LatencyRun> {
     let SizeRun { link, spec, size, clock, timeout_ns } = *run;
-    let mut p = Pinger::new(link, spec, size);
+    let l = &link.layout;
+    let mut req = match spec.operation {
+        Operation::Read => {
+            SendRequest::read(&link.buf, l.recv_at(0) as usize, size as u32, link.remote_send_addr(0), link.remote.rkey)
+        }
+        _ => match spec.atomic_op {
+            AtomicOp::FetchAndAdd => {
+                SendRequest::fetch_add(&link.buf, 0, link.remote_recv_addr(0), link.remote.rkey, 1)
+            }
+            AtomicOp::CmpAndSwp => {
+                SendRequest::cmp_swap(&link.buf, 0, link.remote_recv_addr(0), link.remote.rkey, 0, 1)
+            }
+        },
+    };
+    req.set_flags(true, false);
+    let mut wcs = completions::<1>();
+    let mut recorder = LatencyRecorder::new();
+    let peer = chan.peer().to_string();
+    let limit = Limit::new(spec, clock);
+    let mut i = 0u64;
+    while !limit.done(i, clock) {
+        if spec.atomic_op == AtomicOp::CmpAndSwp {
+            req.set_atomic(i, i + 1);
+        }
+        let t0 = clock.now();
+        link.qp.post(&mut req)?;
+        let mut polled = Ok(0);
+        let woke = spin_until(clock, chan, timeout_ns, "an RDMA read or atomic to complete", || {
+            polled = link.qp.poll_send(&mut wcs);
+            !matches!(polled, Ok(0))
+        })?;
+        let t1 = clock.now();
+        if let Woke::Peer(m) = woke {
+            return Err(Error::Peer(format!("{peer} sent {} in the middle of the run", m.kind())));
+        }
+        polled?;
+        check_completion(&wcs[0], &peer)?;
+        recorder.record(clock.nanos(t0, t1));
+        match spec.operation {
+            Operation::Read if spec.validate_data => {
+                // SAFETY: the read completed; nothing else writes this slot.
+                let got = unsafe { link.buf.bytes(l.recv_at(0) as usize, size as usize) };
+                if let Some(off) = pattern::first_mismatch(got, 0) {
+                    return Err(Error::Check(format!("read {i} returned wrong data at byte {off} (from {peer})")));
+                }
+            }
+            Operation::Atomic => {
+                // SAFETY: the atomic completed and returned the old value here.
+                let old = u64::from_le_bytes(unsafe { link.buf.bytes(0, 8) }.try_into().expect("8 bytes"));
+                if old != i {
+                    return Err(Error::Check(format!(
+                        "atomic {i} returned {old}, expected {i}: the counter on {peer} was changed by someone else"
+                    )));
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    Ok(LatencyRun { recorder, iterations: i, elapsed_ns: clock.nanos(limit.start, clock.now()) })
+}
+
+/// The server side: echoes every ping (ping-pong) or waits (round trip) until `Done`.
+pub fn server(run: &SizeRun, chan: &mut Channel) -> Result<EchoOutcome> {
+    if !is_ping_pong(run.spec) {
+        return passive_server(run, chan);
+    }
+    let SizeRun { link, spec, size, clock, timeout_ns } = *run;
+    let mut p = PingPong::new(link, spec, size);
+    let mut ring = link.receives.borrow_mut();
     let peer = chan.peer().to_string();
     let mut data_error = None;
     let mut i = 0u64;
     loop {
-        let expected = tag(i);
-        let tag_offset = p.tag_offset;
-        match spin_until(clock, chan, timeout_ns, "the next ping", || link.buf.load_volatile(tag_offset) == expected)? {
-            Woke::Ready => {}
-            Woke::Peer(Message::Done { size: s, iterations }) if s == size => {
+        let slot = match p.wait(i, ring.as_mut(), clock, chan, timeout_ns, "the next ping")? {
+            Ok(slot) => slot,
+            Err(Message::Done { size: s, iterations }) if s == size => {
                 if iterations != i {
                     return Err(Error::Check(format!(
                         "the client reports {iterations} iterations at {size} B but this side answered {i}"
@@ -161,18 +343,36 @@ pub fn server(run: &SizeRun, chan: &mut Channel) -> Result<EchoOutcome> {
                 }
                 return Ok(EchoOutcome { iterations: i, data_error });
             }
-            Woke::Peer(m) => {
-                return Err(Error::Peer(format!("{peer} sent {} in the middle of the run", m.kind())));
-            }
-        }
+            Err(m) => return Err(Error::Peer(format!("{peer} sent {} in the middle of the run", m.kind()))),
+        };
         if spec.validate_data && data_error.is_none() {
-            data_error = p.check(link, i);
+            data_error = p.check(i, slot);
         }
-        p.prepare(link, i, spec.validate_data, false);
-        p.post(link, clock, chan, timeout_ns)?;
+        p.prepare(i, false);
+        p.post(clock, chan, timeout_ns)?;
         if p.window.outstanding() > 0 {
             p.window.reap(link, &peer)?;
         }
         i += 1;
     }
+}
+
+/// Round-trip tests need nothing from the server but its memory: wait for `Done`, then
+/// check the atomic counter against the number of operations.
+fn passive_server(run: &SizeRun, chan: &mut Channel) -> Result<EchoOutcome> {
+    let iterations = match chan.recv("the end of the run")? {
+        Message::Done { size, iterations } if size == run.size => iterations,
+        other => return Err(Error::Peer(format!("{} sent {} instead of done", chan.peer(), other.kind()))),
+    };
+    Ok(EchoOutcome { iterations, data_error: atomic_counter_error(run, iterations) })
+}
+
+/// For atomic tests: the counter must equal the number of operations (each fetch-and-add
+/// adds 1; each compare-and-swap moves it from i to i + 1).
+pub fn atomic_counter_error(run: &SizeRun, iterations: u64) -> Option<String> {
+    if run.spec.operation != Operation::Atomic {
+        return None;
+    }
+    let c = counter(run.link);
+    (c != iterations).then(|| format!("the atomic counter is {c} after {iterations} operations"))
 }

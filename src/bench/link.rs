@@ -2,20 +2,27 @@
 //! both endpoints, agreed over the session. Both sides derive the buffer layout from
 //! the spec alone, so nothing else needs negotiating.
 //!
-//! Buffer layout: `[send region | receive region]`, each `region_len(spec)` bytes. A side
-//! writes from its send region into the peer's receive region.
+//! Buffer layout (`Layout`): `[send region | receive region]`. A side writes (or sends)
+//! from its send region into the peer's receive region; RDMA READ fetches the peer's
+//! send region into the local receive region; atomics target the first 8 bytes of the
+//! peer's receive region and return the old value into the local send region.
 
-use crate::bench::spec::{Measure, TestSpec, check_against_device};
+use std::cell::RefCell;
+
+use crate::bench::spec::{Measure, Operation, TestSpec, check_against_device};
+use crate::bench::wait::RecvRing;
 use crate::error::{Error, Result};
 use crate::report::{Environment, PeerEnvironment};
 use crate::session::{Channel, Endpoint, Message};
 use crate::stats::Clock;
 use crate::verbs::gid::{self, Family, GidKind, LinkLayer, SideChoice};
-use crate::verbs::{DeviceSelection, RcQp, Rdma, RegisteredBuf};
+use crate::verbs::qp::GRH_BYTES;
+use crate::verbs::{DeviceSelection, Qp, QpCaps, Rdma, RegisteredBuf, Transport};
 
-/// Validated bandwidth runs cycle over this much memory per side at most, so each
+/// Validated bandwidth runs cycle over this much memory per region at most, so each
 /// in-flight message has its own slot and can be checked where it lands.
 const VALIDATE_BW_BYTES: u64 = 64 << 20;
+const ALIGN: u64 = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -23,30 +30,75 @@ pub enum Role {
     Server,
 }
 
+/// Where messages live in the registered buffer. Both sides compute it from the spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub send_slot: u64,
+    pub send_slots: u64,
+    /// Offset of the receive region.
+    pub recv_offset: u64,
+    pub recv_slot: u64,
+    pub recv_slots: u64,
+    /// Receives kept posted (send and write-with-immediate tests).
+    pub rx_depth: u32,
+    /// Where a received payload starts inside its slot (after the GRH on UD).
+    pub recv_payload: u64,
+}
+
+impl Layout {
+    pub fn new(spec: &TestSpec) -> Layout {
+        let max = spec.max_size().max(1);
+        let validate_bw = spec.measure == Measure::Bandwidth && spec.validate_data;
+        let slots_for = |slot: u64, cap: u32| (VALIDATE_BW_BYTES / slot).clamp(1, cap.max(1) as u64);
+        let send_slot = max.next_multiple_of(8);
+        let send_slots = if validate_bw || (spec.operation == Operation::Atomic && spec.measure == Measure::Bandwidth) {
+            slots_for(send_slot, spec.tx_depth)
+        } else {
+            1
+        };
+        let grh = if spec.transport == Transport::Ud { GRH_BYTES } else { 0 };
+        let recv_slot = (max + grh).next_multiple_of(8);
+        let (recv_slots, rx_depth) = if spec.uses_receives() {
+            if validate_bw {
+                // Every posted receive needs its own slot until it is checked.
+                let n = slots_for(recv_slot, spec.rx_depth);
+                (n, n as u32)
+            } else {
+                (1, spec.rx_depth)
+            }
+        } else {
+            (send_slots, 0)
+        };
+        let recv_offset = (send_slot * send_slots).next_multiple_of(ALIGN);
+        Layout { send_slot, send_slots, recv_offset, recv_slot, recv_slots, rx_depth, recv_payload: grh }
+    }
+
+    pub fn total_len(&self) -> usize {
+        (self.recv_offset + self.recv_slot * self.recv_slots).next_multiple_of(ALIGN) as usize
+    }
+
+    pub fn send_at(&self, slot: u64) -> u64 {
+        slot * self.send_slot
+    }
+
+    pub fn recv_at(&self, slot: u64) -> u64 {
+        self.recv_offset + slot * self.recv_slot
+    }
+}
+
 pub struct Link {
     // Drop order: QP, then buffer, then device (PD before context).
-    pub qp: RcQp,
+    pub qp: Qp,
     pub buf: RegisteredBuf,
     pub rdma: Rdma,
     pub local: Endpoint,
     pub remote: Endpoint,
-    pub region: usize,
-    pub slots: u64,
+    pub layout: Layout,
     pub inline_size: u32,
     pub mtu: u32,
-}
-
-/// Slots per region: one, except for validated bandwidth runs (one per in-flight message).
-pub fn slots(spec: &TestSpec) -> u64 {
-    if spec.measure == Measure::Bandwidth && spec.validate_data {
-        (VALIDATE_BW_BYTES / spec.max_size().max(1)).clamp(1, spec.tx_depth.max(1) as u64)
-    } else {
-        1
-    }
-}
-
-pub fn region_len(spec: &TestSpec) -> usize {
-    (spec.max_size() * slots(spec)).next_multiple_of(64) as usize
+    pub rd_atomic: u32,
+    /// The posted receives of send and write-with-immediate tests; they live across sizes.
+    pub receives: RefCell<Option<RecvRing>>,
 }
 
 pub fn hostname() -> String {
@@ -60,13 +112,13 @@ pub fn hostname() -> String {
 /// Local resources, ready to be connected: opened and checked before any peer is
 /// involved, so bad flags fail at once, without a server.
 pub struct Prepared {
-    qp: RcQp,
+    qp: Qp,
     buf: RegisteredBuf,
     rdma: Rdma,
     local: Endpoint,
-    region: usize,
-    slots: u64,
+    layout: Layout,
     inline_size: u32,
+    rd_atomic: u32,
 }
 
 impl Prepared {
@@ -74,12 +126,18 @@ impl Prepared {
     /// creates the QP.
     pub fn new(spec: &TestSpec, sel: &DeviceSelection) -> Result<Prepared> {
         let rdma = Rdma::open(sel)?;
-        let max_inline = RcQp::probe_max_inline(&rdma)?;
+        let max_inline = Qp::probe_max_inline(&rdma, spec.transport)?;
         check_against_device(spec, &rdma.limits(max_inline))?;
         let inline_size = spec.requested_inline().min(max_inline);
-        let region = region_len(spec);
-        let buf = RegisteredBuf::new(&rdma.pd, 2 * region)?;
-        let qp = RcQp::create(&rdma, spec.tx_depth, 1, inline_size)?;
+        let layout = Layout::new(spec);
+        let buf = RegisteredBuf::new(&rdma.pd, layout.total_len())?;
+        let caps = QpCaps { send_depth: spec.tx_depth, recv_depth: layout.rx_depth, inline: inline_size };
+        let qp = Qp::create(&rdma, spec.transport, caps)?;
+        let rd_atomic = match spec.operation {
+            Operation::Read | Operation::Atomic => spec.effective_outstanding_reads(rdma.max_qp_rd_atom),
+            _ => 1,
+        }
+        .min(255);
         let local = Endpoint {
             node: hostname(),
             device: rdma.name().to_string(),
@@ -99,7 +157,7 @@ impl Prepared {
             buf_len: buf.len() as u64,
             max_inline,
         };
-        Ok(Prepared { qp, buf, rdma, local, region, slots: slots(spec), inline_size })
+        Ok(Prepared { qp, buf, rdma, local, layout, inline_size, rd_atomic })
     }
 
     /// Swaps endpoints with the peer, checks the pair and connects the QP. Any failure
@@ -113,7 +171,7 @@ impl Prepared {
     }
 
     fn try_connect(self, role: Role, spec: &TestSpec, chan: &mut Channel) -> Result<Link> {
-        let Prepared { mut qp, buf, rdma, local, region, slots, inline_size } = self;
+        let Prepared { mut qp, buf, rdma, local, layout, inline_size, rd_atomic } = self;
         let remote = match role {
             Role::Client => {
                 chan.send(&Message::Endpoint(Box::new(local.clone())))?;
@@ -125,12 +183,12 @@ impl Prepared {
                 r
             }
         };
-        if remote.buf_len < 2 * region as u64 {
+        if remote.buf_len < layout.total_len() as u64 {
             return Err(Error::Peer(format!(
                 "{} registered {} bytes but this test needs {}; the two sides disagree on the spec",
                 chan.peer(),
                 remote.buf_len,
-                2 * region
+                layout.total_len()
             )));
         }
         let me = format!("this side ({}, {} port {})", local.node, local.device, local.port);
@@ -147,20 +205,28 @@ impl Prepared {
             Some(m) => m,
             None => local.active_mtu.min(remote.active_mtu),
         };
-        qp.connect(&rdma, &remote, mtu)?;
-        Ok(Link { qp, buf, rdma, local, remote, region, slots, inline_size, mtu })
+        qp.connect(&rdma, &remote, mtu, rd_atomic as u8)?;
+        let link =
+            Link { qp, buf, rdma, local, remote, layout, inline_size, mtu, rd_atomic, receives: RefCell::new(None) };
+        if spec.uses_receives() {
+            // Posted now, before either side may send. Latency reposts each receive at once;
+            // bandwidth reposts in batches of an eighth of the queue.
+            let batch = if spec.measure == Measure::Latency { 1 } else { (layout.rx_depth as usize / 8).max(1) };
+            *link.receives.borrow_mut() = Some(RecvRing::new(&link, batch)?);
+        }
+        Ok(link)
     }
 }
 
 impl Link {
-    /// Offset in the local buffer where the peer's writes land.
-    pub fn recv_offset(&self) -> usize {
-        self.region
+    /// Address of receive slot `slot` in the peer's buffer (where writes land).
+    pub fn remote_recv_addr(&self, slot: u64) -> u64 {
+        self.remote.addr + self.layout.recv_at(slot)
     }
 
-    /// Address in the peer's buffer where this side's writes land.
-    pub fn remote_recv_addr(&self) -> u64 {
-        self.remote.addr + self.region as u64
+    /// Address of send slot `slot` in the peer's buffer (what reads fetch).
+    pub fn remote_send_addr(&self, slot: u64) -> u64 {
+        self.remote.addr + self.layout.send_at(slot)
     }
 
     pub fn environment(&self, peer_address: &str) -> Environment {

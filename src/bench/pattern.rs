@@ -28,6 +28,35 @@ pub fn first_mismatch(buf: &[u8], i: u64) -> Option<usize> {
     buf.iter().enumerate().position(|(j, &b)| b != byte(seed, j))
 }
 
+/// Message `i` for SEND: its index in the first 8 bytes (when they fit), then `i`'s
+/// pattern. The stamp lets a receiver that may lose messages (UD) know which one arrived.
+pub fn fill_stamped(buf: &mut [u8], i: u64) {
+    fill(buf, i);
+    if buf.len() >= 8 {
+        buf[..8].copy_from_slice(&i.to_le_bytes());
+    }
+}
+
+/// Checks a stamped message and returns its index. `expected` is the index arrival order
+/// implies; a stamp below it means a duplicate or reordering. Messages shorter than the
+/// stamp are checked as message `expected`.
+pub fn check_stamped(buf: &[u8], expected: u64) -> Result<u64, String> {
+    let (index, body, skip) = if buf.len() >= 8 {
+        let i = u64::from_le_bytes(buf[..8].try_into().expect("8 bytes"));
+        if i < expected {
+            return Err(format!("message {i} arrived where message {expected} or later was due"));
+        }
+        (i, buf, 8)
+    } else {
+        (expected, buf, 0)
+    };
+    let seed = splitmix(index);
+    match body.iter().enumerate().skip(skip).position(|(j, &b)| b != byte(seed, j)) {
+        Some(p) => Err(format!("data mismatch in message {index}, byte {} of a {}-byte message", p + skip, buf.len())),
+        None => Ok(index),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -39,6 +68,20 @@ mod tests {
         assert_eq!(first_mismatch(&b, 42), None);
         b[1234] ^= 0x01;
         assert_eq!(first_mismatch(&b, 42), Some(1234));
+    }
+
+    #[test]
+    fn stamped_messages_carry_their_index_and_catch_corruption_and_reordering() {
+        let mut b = vec![0u8; 100];
+        fill_stamped(&mut b, 77);
+        assert_eq!(check_stamped(&b, 70), Ok(77), "a gap (loss) is allowed");
+        assert!(check_stamped(&b, 78).unwrap_err().contains("arrived where"));
+        b[50] ^= 1;
+        assert!(check_stamped(&b, 77).unwrap_err().contains("byte 50"));
+        let mut short = vec![0u8; 5];
+        fill_stamped(&mut short, 3);
+        assert_eq!(check_stamped(&short, 3), Ok(3));
+        assert!(check_stamped(&short, 4).is_err());
     }
 
     #[test]

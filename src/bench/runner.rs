@@ -6,7 +6,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use crate::bench::link::{Prepared, Role, SizeRun, hostname};
-use crate::bench::spec::{Measure, TestSpec};
+use crate::bench::spec::{Measure, TestSpec, Transport};
 use crate::bench::{bandwidth, latency};
 use crate::error::{Error, Result};
 use crate::report::json::{self, Document};
@@ -97,9 +97,7 @@ pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResul
 
 fn measure_size(run: &SizeRun, chan: &mut Channel) -> Result<SizeResult> {
     let SizeRun { link, spec, size, .. } = *run;
-    if spec.measure == Measure::Latency {
-        latency::clear_tag(link, size);
-    }
+    latency::prepare(link, spec, size);
     chan.send(&Message::Start { size })?;
     match chan.recv("the server to get ready")? {
         Message::Ready { size: s } if s == size => {}
@@ -110,8 +108,9 @@ fn measure_size(run: &SizeRun, chan: &mut Channel) -> Result<SizeResult> {
     let (iterations, duration_ns, latency, bandwidth) = match spec.measure {
         Measure::Latency => {
             let lat = latency::client(run, chan)?;
-            let summary = lat.recorder.summary(0.5);
-            let result = LatencyResult { kind: "one_way".into(), unit: "ns".into(), summary };
+            let (kind, scale) = if latency::is_ping_pong(spec) { ("one_way", 0.5) } else { ("round_trip", 1.0) };
+            let summary = lat.recorder.summary(scale);
+            let result = LatencyResult { kind: kind.into(), unit: "ns".into(), summary };
             (lat.iterations, lat.elapsed_ns, Some(result), None)
         }
         Measure::Bandwidth => {
@@ -120,12 +119,16 @@ fn measure_size(run: &SizeRun, chan: &mut Channel) -> Result<SizeResult> {
         }
     };
     chan.send(&Message::Done { size, iterations })?;
+    let mut delivered = None;
     match chan.recv("the server's verdict")? {
         Message::Verdict { size: s, iterations: theirs, data_error } if s == size => {
             if let Some(e) = data_error {
                 return Err(Error::Check(format!("{} found corrupted data: {e}", chan.peer())));
             }
-            if theirs != iterations {
+            let lossy = spec.transport != Transport::Rc && spec.uses_receives();
+            if lossy && theirs <= iterations {
+                delivered = Some(theirs);
+            } else if theirs != iterations {
                 return Err(Error::Check(format!(
                     "iteration counts disagree at {size} B: this side {iterations}, {} {theirs}",
                     chan.peer()
@@ -144,6 +147,7 @@ fn measure_size(run: &SizeRun, chan: &mut Channel) -> Result<SizeResult> {
         latency,
         bandwidth,
         data_validated: spec.validate_data,
+        delivered,
     })
 }
 
@@ -194,18 +198,15 @@ pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult>
                     chan.abort(&e);
                     return Err(e);
                 }
-                if spec.measure == Measure::Latency {
-                    latency::clear_tag(&link, size);
-                }
+                latency::prepare(&link, &spec, size);
                 chan.send(&Message::Ready { size })?;
+                let run = SizeRun { link: &link, spec: &spec, size, clock: &clock, timeout_ns: opts.timeout_ns() };
                 let (iterations, data_error) = match spec.measure {
                     Measure::Latency => {
-                        let run =
-                            SizeRun { link: &link, spec: &spec, size, clock: &clock, timeout_ns: opts.timeout_ns() };
                         let o = latency::server(&run, &mut chan)?;
                         (o.iterations, o.data_error)
                     }
-                    Measure::Bandwidth => bandwidth::server(&link, &spec, size, &mut chan)?,
+                    Measure::Bandwidth => bandwidth::server(&run, &mut chan)?,
                 };
                 chan.send(&Message::Verdict { size, iterations, data_error: data_error.clone() })?;
                 if let Some(e) = data_error {

@@ -6,11 +6,38 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+pub use crate::verbs::qp::Transport;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Operation {
     Write,
+    Read,
+    Send,
+    Atomic,
+}
+
+impl Operation {
+    pub fn label(self) -> &'static str {
+        match self {
+            Operation::Write => "write",
+            Operation::Read => "read",
+            Operation::Send => "send",
+            Operation::Atomic => "atomic",
+        }
+    }
+}
+
+/// The atomic verb of an atomic test (`-A`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+pub enum AtomicOp {
+    #[default]
+    #[serde(rename = "FETCH_AND_ADD")]
+    #[value(name = "FETCH_AND_ADD")]
+    FetchAndAdd,
+    #[serde(rename = "CMP_AND_SWP")]
+    #[value(name = "CMP_AND_SWP")]
+    CmpAndSwp,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,6 +54,12 @@ pub const SWEEP_MAX: u64 = 8 << 20;
 pub struct TestSpec {
     pub operation: Operation,
     pub measure: Measure,
+    /// `-c`: RC, UC or UD.
+    pub transport: Transport,
+    /// `--with-imm`: WRITE or SEND with immediate data.
+    pub with_imm: bool,
+    /// `-A`: the atomic verb (atomic tests only).
+    pub atomic_op: AtomicOp,
     /// One size, or every size of a sweep in order.
     pub sizes: Vec<u64>,
     /// Iterations per size (ignored when `duration_secs` is set).
@@ -37,6 +70,10 @@ pub struct TestSpec {
     pub tx_depth: u32,
     /// Request a completion every `cq_mod` work requests.
     pub cq_mod: u32,
+    /// Receive queue depth (`-r`) where the peer posts receives (SEND, WRITE with immediate).
+    pub rx_depth: u32,
+    /// Outstanding RDMA READs and atomics per QP; `None` means min(16, the device's max_qp_rd_atom).
+    pub outstanding_reads: Option<u32>,
     /// Inline threshold in bytes; `None` means the default for the test, clamped to the device.
     pub inline_size: Option<u32>,
     /// Path MTU in bytes; `None` means the smaller of the two ports' active MTUs.
@@ -57,11 +94,32 @@ pub struct Defaults {
 }
 
 impl TestSpec {
+    /// A spec with perftest's defaults for this test, over RC.
+    pub fn new(operation: Operation, measure: Measure) -> TestSpec {
+        let d = Self::defaults(operation, measure);
+        TestSpec {
+            operation,
+            measure,
+            transport: Transport::Rc,
+            with_imm: false,
+            atomic_op: AtomicOp::FetchAndAdd,
+            sizes: vec![d.size],
+            iterations: d.iterations,
+            duration_secs: None,
+            tx_depth: d.tx_depth,
+            cq_mod: 100,
+            rx_depth: 512,
+            outstanding_reads: None,
+            inline_size: None,
+            mtu: None,
+            validate_data: false,
+            corrupt_at: None,
+        }
+    }
+
     /// perftest's test name: `write_lat`, `write_bw`.
     pub fn name(&self) -> String {
-        let op = match self.operation {
-            Operation::Write => "write",
-        };
+        let op = self.operation.label();
         let kind = match self.measure {
             Measure::Latency => "lat",
             Measure::Bandwidth => "bw",
@@ -70,14 +128,37 @@ impl TestSpec {
     }
 
     pub fn defaults(operation: Operation, measure: Measure) -> Defaults {
-        match (operation, measure) {
-            (Operation::Write, Measure::Latency) => {
-                Defaults { size: 2, iterations: 1000, tx_depth: 1, inline_size: 220 }
-            }
-            (Operation::Write, Measure::Bandwidth) => {
-                Defaults { size: 65536, iterations: 5000, tx_depth: 128, inline_size: 0 }
-            }
-        }
+        let size = match (operation, measure) {
+            (Operation::Atomic, _) => 8,
+            (_, Measure::Latency) => 2,
+            (_, Measure::Bandwidth) => 65536,
+        };
+        let iterations = match (operation, measure) {
+            (Operation::Write, Measure::Bandwidth) => 5000,
+            _ => 1000,
+        };
+        let (tx_depth, inline_size) = match (operation, measure) {
+            (Operation::Write, Measure::Latency) => (1, 220),
+            (Operation::Send, Measure::Latency) => (1, 236),
+            (_, Measure::Latency) => (1, 0),
+            (_, Measure::Bandwidth) => (128, 0),
+        };
+        Defaults { size, iterations, tx_depth, inline_size }
+    }
+
+    /// Whether the passive side must post receives: SEND, and WRITE with immediate.
+    pub fn uses_receives(&self) -> bool {
+        self.operation == Operation::Send || (self.operation == Operation::Write && self.with_imm)
+    }
+
+    /// Whether the operation moves a payload that `--validate-data` can check.
+    pub fn has_payload(&self) -> bool {
+        self.operation != Operation::Atomic
+    }
+
+    /// Outstanding reads/atomics actually requested, given the device's max_qp_rd_atom.
+    pub fn effective_outstanding_reads(&self, device_max: u32) -> u32 {
+        self.outstanding_reads.unwrap_or(device_max.clamp(1, 16))
     }
 
     /// Every size of an `-a` sweep: powers of two from 2 B to 8 MiB.
@@ -133,8 +214,54 @@ impl TestSpec {
                 "MTU {mtu} is not an RDMA path MTU; use -m 256, 512, 1024, 2048 or 4096"
             )));
         }
+        self.check_combination()?;
+        if self.rx_depth == 0 {
+            return Err(Error::Usage(
+                "rx depth 0 is not allowed; use -r 1 or more (up to the device's max_qp_wr)".into(),
+            ));
+        }
+        if self.outstanding_reads == Some(0) {
+            return Err(Error::Usage("--outstanding-reads 0 is not allowed; use 1 or more".into()));
+        }
         if self.corrupt_at.is_some() && !self.validate_data {
             return Err(Error::Usage("--inject-corruption needs --validate-data".into()));
+        }
+        Ok(())
+    }
+}
+
+impl TestSpec {
+    /// Refuses operation/transport/option combinations that cannot work, with the reason.
+    fn check_combination(&self) -> Result<()> {
+        let op = self.operation.label();
+        match (self.operation, self.transport) {
+            (_, Transport::Rc)
+            | (Operation::Write | Operation::Send, Transport::Uc)
+            | (Operation::Send, Transport::Ud) => {}
+            (Operation::Read | Operation::Atomic, Transport::Uc) => {
+                return Err(Error::Usage(format!(
+                    "{op} over UC is not possible: UC has no responder resources for RDMA READ or atomics; use -c RC"
+                )));
+            }
+            (_, Transport::Ud) => {
+                return Err(Error::Usage(format!(
+                    "{op} over UD is not possible: UD carries only SEND (no remote memory access); use -c RC{}",
+                    if self.operation == Operation::Write { " or UC" } else { "" }
+                )));
+            }
+        }
+        if self.with_imm && !matches!(self.operation, Operation::Write | Operation::Send) {
+            return Err(Error::Usage(format!("--with-imm applies to write and send tests, not {op}")));
+        }
+        if self.operation == Operation::Atomic && self.sizes != [8] {
+            return Err(Error::Usage("atomic operations are 8 bytes: drop -s/-a (or use -s 8)".into()));
+        }
+        if self.validate_data && !self.has_payload() {
+            // Atomics are always checked: the final counter against the number of operations.
+            return Err(Error::Usage(
+                "--validate-data applies to tests that move a payload; atomic tests always check the final counter"
+                    .into(),
+            ));
         }
         Ok(())
     }
@@ -150,6 +277,9 @@ pub struct DeviceLimits {
     /// Largest inline size the device accepts for this QP type (probed at QP creation).
     pub max_inline: u32,
     pub active_mtu: u32,
+    pub max_qp_rd_atom: u32,
+    /// False when the device cannot do atomics at all.
+    pub atomics: bool,
 }
 
 /// Checks a spec against one side's device limits. Explicit values above a limit are
@@ -182,6 +312,33 @@ pub fn check_against_device(spec: &TestSpec, lim: &DeviceLimits) -> Result<()> {
             lim.device, lim.max_inline, lim.max_inline
         )));
     }
+    if spec.uses_receives() && spec.rx_depth > lim.max_qp_wr {
+        return Err(Error::Usage(format!(
+            "rx depth {} exceeds {}'s max_qp_wr {}; use -r 1..={}",
+            spec.rx_depth, lim.device, lim.max_qp_wr, lim.max_qp_wr
+        )));
+    }
+    if matches!(spec.operation, Operation::Read | Operation::Atomic)
+        && let Some(n) = spec.outstanding_reads
+        && n > lim.max_qp_rd_atom
+    {
+        return Err(Error::Usage(format!(
+            "{n} outstanding reads exceed {}'s max_qp_rd_atom {}; use --outstanding-reads 1..={}",
+            lim.device, lim.max_qp_rd_atom, lim.max_qp_rd_atom
+        )));
+    }
+    if spec.operation == Operation::Atomic && !lim.atomics {
+        return Err(Error::Environment(format!("{} does not support atomic operations (atomic_cap NONE)", lim.device)));
+    }
+    if spec.transport == Transport::Ud {
+        let mtu = spec.mtu.unwrap_or(lim.active_mtu);
+        if max > mtu as u64 {
+            return Err(Error::Usage(format!(
+                "UD messages must fit in one MTU: {max} B exceeds {mtu} B on {}; use -s 1..={mtu}",
+                lim.device
+            )));
+        }
+    }
     if let Some(mtu) = spec.mtu
         && mtu > lim.active_mtu
     {
@@ -198,19 +355,7 @@ mod tests {
     use super::*;
 
     pub fn spec() -> TestSpec {
-        TestSpec {
-            operation: Operation::Write,
-            measure: Measure::Bandwidth,
-            sizes: vec![65536],
-            iterations: 5000,
-            duration_secs: None,
-            tx_depth: 128,
-            cq_mod: 100,
-            inline_size: None,
-            mtu: None,
-            validate_data: false,
-            corrupt_at: None,
-        }
+        TestSpec::new(Operation::Write, Measure::Bandwidth)
     }
 
     fn limits() -> DeviceLimits {
@@ -221,6 +366,8 @@ mod tests {
             max_cqe: 32767,
             max_inline: 416,
             active_mtu: 4096,
+            max_qp_rd_atom: 128,
+            atomics: true,
         }
     }
 
@@ -319,6 +466,87 @@ mod tests {
         assert_eq!(s.effective_cq_mod(), 16);
         s.tx_depth = 128;
         assert_eq!(s.effective_cq_mod(), 100);
+    }
+
+    #[test]
+    fn transports_refuse_what_they_cannot_carry_with_the_reason() {
+        let cases = [
+            (Operation::Read, Transport::Uc, "UC has no responder resources"),
+            (Operation::Atomic, Transport::Uc, "UC has no responder resources"),
+            (Operation::Write, Transport::Ud, "UD carries only SEND"),
+            (Operation::Read, Transport::Ud, "UD carries only SEND"),
+            (Operation::Atomic, Transport::Ud, "UD carries only SEND"),
+        ];
+        for (op, t, why) in cases {
+            let mut s = spec();
+            s.operation = op;
+            s.transport = t;
+            if op == Operation::Atomic {
+                s.sizes = vec![8];
+            }
+            let m = usage(s.check());
+            assert!(m.contains(why) && m.contains("-c RC"), "{op:?}/{t:?}: {m}");
+        }
+        for (op, t) in
+            [(Operation::Write, Transport::Uc), (Operation::Send, Transport::Uc), (Operation::Send, Transport::Ud)]
+        {
+            let mut s = spec();
+            s.operation = op;
+            s.transport = t;
+            s.check().unwrap();
+        }
+    }
+
+    #[test]
+    fn immediate_atomic_size_and_validation_combinations() {
+        let mut s = spec();
+        s.operation = Operation::Read;
+        s.with_imm = true;
+        assert!(usage(s.check()).contains("--with-imm"));
+        let mut s = spec();
+        s.operation = Operation::Atomic;
+        assert!(usage(s.check()).contains("8 bytes"), "default 64 KiB size is refused for atomics");
+        s.sizes = vec![8];
+        s.check().unwrap();
+        s.validate_data = true;
+        assert!(usage(s.check()).contains("final counter"));
+        let mut s = spec();
+        s.operation = Operation::Send;
+        s.with_imm = true;
+        s.check().unwrap();
+        assert!(s.uses_receives());
+    }
+
+    #[test]
+    fn read_depth_rx_depth_atomics_and_ud_size_are_checked_against_the_device() {
+        let mut s = spec();
+        s.operation = Operation::Read;
+        s.outstanding_reads = Some(200);
+        let m = usage(check_against_device(&s, &limits()));
+        assert!(m.contains("max_qp_rd_atom 128") && m.contains("--outstanding-reads 1..=128"), "{m}");
+        assert_eq!(s.effective_outstanding_reads(128), 200);
+        s.outstanding_reads = None;
+        assert_eq!(s.effective_outstanding_reads(128), 16);
+        assert_eq!(s.effective_outstanding_reads(4), 4);
+
+        let mut s = spec();
+        s.operation = Operation::Send;
+        s.rx_depth = 2_000_000;
+        assert!(usage(check_against_device(&s, &limits())).contains("-r 1..="));
+
+        let mut s = spec();
+        s.operation = Operation::Atomic;
+        s.sizes = vec![8];
+        let mut l = limits();
+        l.atomics = false;
+        assert_eq!(check_against_device(&s, &l).unwrap_err().exit_code(), 3);
+
+        let mut s = spec();
+        s.operation = Operation::Send;
+        s.transport = Transport::Ud;
+        s.sizes = vec![8192];
+        let m = usage(check_against_device(&s, &limits()));
+        assert!(m.contains("one MTU") && m.contains("-s 1..=4096"), "{m}");
     }
 
     #[test]

@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use crate::session::{Channel, Message, PeerPoll};
 use crate::signals;
 use crate::stats::Clock;
+use crate::verbs::RecvRequest;
 use crate::verbs::qp::{Completion, check_completion, completions};
 
 const SPINS_PER_CHECK: u32 = 256;
@@ -86,6 +87,10 @@ impl SendWindow {
         self.outstanding
     }
 
+    pub fn unsignaled(&self) -> u32 {
+        self.unsignaled
+    }
+
     pub fn has_room(&self) -> bool {
         self.outstanding < self.depth
     }
@@ -108,7 +113,7 @@ impl SendWindow {
     /// Polls once; returns how many requests completed.
     #[inline(always)]
     pub fn reap(&mut self, link: &Link, peer: &str) -> Result<u64> {
-        let n = link.qp.poll(&mut self.wcs)?;
+        let n = link.qp.poll_send(&mut self.wcs)?;
         let mut retired = 0;
         for wc in &self.wcs[..n] {
             retired += check_completion(wc, peer)?;
@@ -136,6 +141,65 @@ impl SendWindow {
                 return Err(Error::Peer(format!("{} sent {} in the middle of the run", chan.peer(), m.kind())));
             }
         }
+        Ok(())
+    }
+}
+
+/// Keeps the receive queue stocked: `rx_depth` receives, each aimed at its slot of the
+/// receive region, reposted in the order they complete (a receive queue is FIFO).
+pub struct RecvRing {
+    reqs: Vec<RecvRequest>,
+    next_repost: usize,
+    consumed: usize,
+    batch: usize,
+    wcs: [Completion; 16],
+}
+
+impl RecvRing {
+    /// Builds and posts every receive. `batch` is how many consumed receives are reposted
+    /// together (1 for latency, more for bandwidth).
+    pub fn new(link: &Link, batch: usize) -> Result<RecvRing> {
+        let l = &link.layout;
+        let reqs: Vec<RecvRequest> = (0..l.rx_depth as u64)
+            .map(|i| RecvRequest::new(&link.buf, l.recv_at(i % l.recv_slots) as usize, l.recv_slot as u32, i))
+            .collect();
+        let mut ring = RecvRing { reqs, next_repost: 0, consumed: 0, batch: batch.max(1), wcs: completions() };
+        link.qp.post_recv_batch(&mut ring.reqs)?;
+        Ok(ring)
+    }
+
+    /// Polls the receive CQ once; the completions are then `self.completion(i)` for i < n.
+    #[inline(always)]
+    pub fn poll(&mut self, link: &Link) -> Result<usize> {
+        link.qp.poll_recv(&mut self.wcs)
+    }
+
+    #[inline(always)]
+    pub fn completion(&self, i: usize) -> &Completion {
+        &self.wcs[i]
+    }
+
+    /// The receive slot a completion's data landed in.
+    pub fn slot_of(&self, link: &Link, wc: &Completion) -> u64 {
+        wc.wr_id % link.layout.recv_slots
+    }
+
+    /// Marks `n` receives as consumed and reposts them once a batch has gathered.
+    #[inline(always)]
+    pub fn release(&mut self, link: &Link, n: usize) -> Result<()> {
+        self.consumed += n;
+        if self.consumed < self.batch {
+            return Ok(());
+        }
+        let len = self.reqs.len();
+        let mut left = self.consumed;
+        while left > 0 {
+            let take = left.min(len - self.next_repost);
+            link.qp.post_recv_batch(&mut self.reqs[self.next_repost..self.next_repost + take])?;
+            self.next_repost = (self.next_repost + take) % len;
+            left -= take;
+        }
+        self.consumed = 0;
         Ok(())
     }
 }

@@ -85,19 +85,7 @@ mod tests {
     }
 
     fn spec(measure: Measure, sizes: Vec<u64>) -> TestSpec {
-        TestSpec {
-            operation: Operation::Write,
-            measure,
-            sizes,
-            iterations: 10,
-            duration_secs: None,
-            tx_depth: 1,
-            cq_mod: 100,
-            inline_size: None,
-            mtu: None,
-            validate_data: false,
-            corrupt_at: None,
-        }
+        TestSpec { sizes, iterations: 10, ..TestSpec::new(Operation::Write, measure) }
     }
 
     fn errors(v: &serde_json::Value) -> Vec<String> {
@@ -121,6 +109,7 @@ mod tests {
                 latency: Some(LatencyResult { kind: "one_way".into(), unit: "ns".into(), summary: rec.summary(0.5) }),
                 bandwidth: None,
                 data_validated: false,
+                delivered: None,
             })
             .collect();
         let run = RunResult {
@@ -144,6 +133,7 @@ mod tests {
             latency: None,
             bandwidth: Some(ThroughputSummary::new(65536, 10, 1000, None)),
             data_validated: true,
+            delivered: None,
         }];
         let run = RunResult {
             test: "write_bw".into(),

@@ -62,6 +62,9 @@ pub struct SizeResult {
     pub bandwidth: Option<ThroughputSummary>,
     /// Whether payloads were checked where they landed (and passed: a failure ends the run).
     pub data_validated: bool,
+    /// On UC and UD, how many messages the receiver got (lost ones are not retransmitted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivered: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

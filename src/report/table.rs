@@ -136,6 +136,7 @@ mod tests {
             latency: None,
             bandwidth: Some(ThroughputSummary::new(65536, 1000, 1_000_000_000, None)),
             data_validated: false,
+            delivered: None,
         };
         let mut mb = Vec::new();
         row(&mut mb, &r, Units::MegaBytes).unwrap();
@@ -160,6 +161,7 @@ mod tests {
             }),
             bandwidth: None,
             data_validated: true,
+            delivered: None,
         };
         let mut out = Vec::new();
         row(&mut out, &r, Units::MegaBytes).unwrap();

@@ -152,17 +152,11 @@ mod tests {
             tool_version: "0.1.0".into(),
             node: "a".into(),
             spec: TestSpec {
-                operation: Operation::Write,
-                measure: Measure::Latency,
                 sizes: vec![2, 4],
                 iterations: 10,
-                duration_secs: None,
-                tx_depth: 1,
-                cq_mod: 100,
                 inline_size: Some(64),
-                mtu: None,
                 validate_data: true,
-                corrupt_at: None,
+                ..TestSpec::new(Operation::Write, Measure::Latency)
             },
         }
     }

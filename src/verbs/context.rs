@@ -29,6 +29,9 @@ pub struct Rdma {
     pub gid: GidChoice,
     pub max_qp_wr: u32,
     pub max_cqe: u32,
+    pub max_qp_rd_atom: u32,
+    /// atomic_cap is not NONE.
+    pub atomics: bool,
 }
 
 impl Rdma {
@@ -71,6 +74,8 @@ impl Rdma {
             gid,
             max_qp_wr: attr.attr.orig_attr.max_qp_wr.max(0) as u32,
             max_cqe: attr.attr.orig_attr.max_cqe.max(0) as u32,
+            max_qp_rd_atom: attr.attr.orig_attr.max_qp_rd_atom.max(0) as u32,
+            atomics: attr.attr.orig_attr.atomic_cap != 0,
         })
     }
 
@@ -86,6 +91,8 @@ impl Rdma {
             max_cqe: self.max_cqe,
             max_inline,
             active_mtu: self.port.active_mtu,
+            max_qp_rd_atom: self.max_qp_rd_atom,
+            atomics: self.atomics,
         }
     }
 

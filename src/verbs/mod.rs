@@ -15,4 +15,4 @@ pub mod qp;
 
 pub use buffer::RegisteredBuf;
 pub use context::{DeviceSelection, Rdma};
-pub use qp::{Completion, RcQp, WriteRequest};
+pub use qp::{Completion, Qp, QpCaps, RecvRequest, SendRequest, Transport};

@@ -1,21 +1,22 @@
-//! Reliable-connection queue pairs: creation (with the device's inline limit probed),
-//! the INIT -> RTR -> RTS walk with the peer's endpoint, and the raw post/poll calls of
-//! the data path. Work requests are built once and re-posted, so the hot loop neither
-//! allocates nor goes through a per-post builder.
+//! Queue pairs of every transport we measure (RC, UC, UD): creation with separate send
+//! and receive CQs (the device's inline limit probed), the state walk to RTS with the
+//! peer's endpoint, UD address handles, and the raw post/poll calls of the data path.
+//! Work requests are built once and re-posted, so the hot loops neither allocate nor go
+//! through a per-post builder.
 
 use std::ffi::CStr;
 use std::ptr::{NonNull, null_mut};
 use std::sync::Arc;
 
 use rdma_mummy_sys::{
-    ibv_cq, ibv_poll_cq, ibv_post_send, ibv_qp, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status_str,
-    ibv_wr_opcode,
+    ibv_ah, ibv_ah_attr, ibv_cq, ibv_create_ah, ibv_destroy_ah, ibv_gid, ibv_global_route, ibv_modify_qp, ibv_poll_cq,
+    ibv_post_recv, ibv_post_send, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_state, ibv_recv_wr, ibv_send_flags,
+    ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status_str, ibv_wr_opcode,
 };
-use sideway::ibverbs::AccessFlags;
-use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
+use serde::{Deserialize, Serialize};
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionQueue};
-use sideway::ibverbs::device_context::Mtu;
-use sideway::ibverbs::queue_pair::{BasicQueuePair, QueuePair, QueuePairAttribute, QueuePairState, QueuePairType};
+use sideway::ibverbs::protection_domain::ProtectionDomain;
+use sideway::ibverbs::queue_pair::{BasicQueuePair, QueuePair, QueuePairType};
 
 use super::buffer::RegisteredBuf;
 use super::context::Rdma;
@@ -29,54 +30,112 @@ pub type Completion = ibv_wc;
 const INLINE_PROBE_MAX: u32 = 4096;
 /// RoCE v2 packets get this IP TTL.
 const HOP_LIMIT: u8 = 64;
+/// The Q_Key both sides of a UD test use.
+pub const UD_QKEY: u32 = 0x1111_1111;
+/// A UD receive buffer starts with room for the 40-byte GRH.
+pub const GRH_BYTES: u64 = 40;
 
-pub struct RcQp {
-    // Drop order: the QP before the CQ it reports to.
-    qp: BasicQueuePair,
-    cq: Arc<BasicCompletionQueue>,
-    raw_qp: NonNull<ibv_qp>,
-    raw_cq: NonNull<ibv_cq>,
-    pub psn: u32,
-    pub max_inline: u32,
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Transport {
+    #[serde(rename = "RC")]
+    Rc,
+    #[serde(rename = "UC")]
+    Uc,
+    #[serde(rename = "UD")]
+    Ud,
 }
 
-impl RcQp {
-    /// Creates an RC QP with its own CQ. `inline` must not exceed `probe_max_inline`.
-    pub fn create(rdma: &Rdma, sq_depth: u32, rq_depth: u32, inline: u32) -> Result<RcQp> {
-        let cq = rdma.ctx.create_cq_builder().setup_cqe(sq_depth + rq_depth + 1).build().map_err(|e| {
-            Error::Environment(format!(
-                "cannot create a CQ of {} entries on {}: {e:?} (device max_cqe {})",
-                sq_depth + rq_depth + 1,
-                rdma.name(),
-                rdma.max_cqe
-            ))
-        })?;
-        let qp = build_qp(rdma, &cq, sq_depth, rq_depth, inline).map_err(|os| {
-            Error::Environment(format!(
-                "cannot create an RC QP on {} (send queue {sq_depth}, inline {inline} B): {os}",
-                rdma.name()
-            ))
-        })?;
-        // SAFETY: both handles live as long as `self` (the owners are fields).
-        let (raw_qp, raw_cq) = unsafe { (qp.qp(), cq.cq()) };
-        Ok(RcQp { qp, cq, raw_qp, raw_cq, psn: random_psn(), max_inline: inline })
+impl Transport {
+    pub fn label(self) -> &'static str {
+        match self {
+            Transport::Rc => "RC",
+            Transport::Uc => "UC",
+            Transport::Ud => "UD",
+        }
     }
 
-    /// The largest inline size the device accepts for an RC QP (binary search over QP creation).
-    pub fn probe_max_inline(rdma: &Rdma) -> Result<u32> {
-        let cq = rdma
-            .ctx
-            .create_cq_builder()
-            .setup_cqe(2)
-            .build()
-            .map_err(|e| Error::Environment(format!("cannot create a CQ on {}: {e:?}", rdma.name())))?;
-        let (mut lo, mut hi) = (0u32, INLINE_PROBE_MAX);
-        if build_qp(rdma, &cq, 1, 1, 0).is_err() {
-            return Err(Error::Environment(format!("cannot create any RC QP on {}", rdma.name())));
+    fn qp_type(self) -> QueuePairType {
+        match self {
+            Transport::Rc => QueuePairType::ReliableConnection,
+            Transport::Uc => QueuePairType::UnreliableConnection,
+            Transport::Ud => QueuePairType::UnreliableDatagram,
         }
+    }
+}
+
+/// The sizes a QP is created with.
+#[derive(Debug, Clone, Copy)]
+pub struct QpCaps {
+    pub send_depth: u32,
+    pub recv_depth: u32,
+    pub inline: u32,
+}
+
+pub struct Qp {
+    // Drop order: the QP before the CQs it reports to.
+    qp: BasicQueuePair,
+    send_cq: Arc<BasicCompletionQueue>,
+    recv_cq: Arc<BasicCompletionQueue>,
+    raw_qp: NonNull<ibv_qp>,
+    raw_send_cq: NonNull<ibv_cq>,
+    raw_recv_cq: NonNull<ibv_cq>,
+    ah: Option<AddressHandle>,
+    pub transport: Transport,
+    pub psn: u32,
+}
+
+fn os_text<E: std::error::Error>(e: &E) -> String {
+    std::error::Error::source(e).map(|s| s.to_string()).unwrap_or_else(|| e.to_string())
+}
+
+fn cq(rdma: &Rdma, entries: u32) -> Result<Arc<BasicCompletionQueue>> {
+    rdma.ctx.create_cq_builder().setup_cqe(entries).build().map_err(|e| {
+        Error::Environment(format!(
+            "cannot create a CQ of {entries} entries on {}: {} (device max_cqe {})",
+            rdma.name(),
+            os_text(&e),
+            rdma.max_cqe
+        ))
+    })
+}
+
+impl Qp {
+    /// Creates a QP of `transport` with its own send and receive CQs.
+    pub fn create(rdma: &Rdma, transport: Transport, caps: QpCaps) -> Result<Qp> {
+        let send_cq = cq(rdma, caps.send_depth + 1)?;
+        let recv_cq = cq(rdma, caps.recv_depth + 1)?;
+        let qp = build_qp(&rdma.pd, transport, &send_cq, &recv_cq, caps).map_err(|os| {
+            Error::Environment(format!(
+                "cannot create a {} QP on {} (send queue {}, receive queue {}, inline {} B): {os}",
+                transport.label(),
+                rdma.name(),
+                caps.send_depth,
+                caps.recv_depth,
+                caps.inline
+            ))
+        })?;
+        // SAFETY: the handles live as long as `self` (their owners are fields).
+        let (raw_qp, raw_send_cq, raw_recv_cq) = unsafe { (qp.qp(), send_cq.cq(), recv_cq.cq()) };
+        Ok(Qp { qp, send_cq, recv_cq, raw_qp, raw_send_cq, raw_recv_cq, ah: None, transport, psn: random_psn() })
+    }
+
+    /// The largest inline size the device accepts for this transport (binary search over
+    /// QP creation; the C API offers no query for it).
+    pub fn probe_max_inline(rdma: &Rdma, transport: Transport) -> Result<u32> {
+        let send_cq = cq(rdma, 2)?;
+        let recv_cq = cq(rdma, 2)?;
+        let caps = |inline| QpCaps { send_depth: 1, recv_depth: 1, inline };
+        if let Err(os) = build_qp(&rdma.pd, transport, &send_cq, &recv_cq, caps(0)) {
+            return Err(Error::Environment(format!(
+                "cannot create any {} QP on {}: {os}",
+                transport.label(),
+                rdma.name()
+            )));
+        }
+        let (mut lo, mut hi) = (0u32, INLINE_PROBE_MAX);
         while lo < hi {
             let mid = (lo + hi).div_ceil(2);
-            if build_qp(rdma, &cq, 1, 1, mid).is_ok() {
+            if build_qp(&rdma.pd, transport, &send_cq, &recv_cq, caps(mid)).is_ok() {
                 lo = mid;
             } else {
                 hi = mid - 1;
@@ -89,56 +148,93 @@ impl RcQp {
         self.qp.qp_number()
     }
 
-    /// INIT -> RTR -> RTS against the peer's endpoint at path MTU `mtu` bytes.
-    pub fn connect(&mut self, rdma: &Rdma, remote: &Endpoint, mtu: u32) -> Result<()> {
-        let access =
-            AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead | AccessFlags::RemoteAtomic;
-        let mut init = QueuePairAttribute::new();
-        init.setup_state(QueuePairState::Init)
-            .setup_pkey_index(0)
-            .setup_port(rdma.port.port)
-            .setup_access_flags(access);
-        self.qp.modify(&init).map_err(|e| Error::Environment(format!("cannot move the QP to INIT: {e:?}")))?;
-
-        let mut av = AddressHandleAttribute::new();
-        av.setup_port(rdma.port.port).setup_dest_lid(remote.lid).setup_service_level(0);
-        if rdma.gid.use_grh {
-            let dgid: std::net::Ipv6Addr = remote
-                .gid
-                .parse()
-                .map_err(|_| Error::Peer(format!("the peer sent an invalid GID {:?}", remote.gid)))?;
-            av.setup_grh(&Gid::from(dgid), 0, rdma.gid.index as u8, HOP_LIMIT, 0);
+    fn modify(&self, attr: &mut ibv_qp_attr, mask: u32, step: &str) -> Result<()> {
+        // SAFETY: the QP is alive; attr is a valid, fully initialised struct.
+        let rc = unsafe { ibv_modify_qp(self.raw_qp.as_ptr(), attr, mask as i32) };
+        if rc != 0 {
+            return Err(Error::Environment(format!(
+                "cannot move the {} QP to {step}: {}",
+                self.transport.label(),
+                std::io::Error::from_raw_os_error(rc)
+            )));
         }
-        let mut rtr = QueuePairAttribute::new();
-        rtr.setup_state(QueuePairState::ReadyToReceive)
-            .setup_path_mtu(Mtu::from(mtu_enum(mtu)))
-            .setup_dest_qp_num(remote.qpn)
-            .setup_rq_psn(remote.psn)
-            .setup_max_dest_read_atomic(1)
-            .setup_min_rnr_timer(12)
-            .setup_address_vector(&av);
-        self.qp.modify(&rtr).map_err(|e| {
-            Error::Environment(format!(
-                "cannot move the QP to RTR (local GID index {}, remote GID {} on {} port {}): {e:?}; \
-                 both GIDs must be reachable on the same network: check -x on both sides",
+        Ok(())
+    }
+
+    /// Walks the QP to RTS against the peer's endpoint, at path MTU `mtu` bytes, allowing
+    /// `rd_atomic` outstanding reads and atomics (RC only).
+    pub fn connect(&mut self, rdma: &Rdma, remote: &Endpoint, mtu: u32, rd_atomic: u8) -> Result<()> {
+        use ibv_qp_attr_mask as m;
+        let av = address_vector(rdma, remote)?;
+        // SAFETY: all-zero is a valid ibv_qp_attr.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = rdma.port.port;
+        let mut mask = m::IBV_QP_STATE.0 | m::IBV_QP_PKEY_INDEX.0 | m::IBV_QP_PORT.0;
+        match self.transport {
+            Transport::Ud => {
+                a.qkey = UD_QKEY;
+                mask |= m::IBV_QP_QKEY.0;
+            }
+            Transport::Rc | Transport::Uc => {
+                a.qp_access_flags = 1 | 2 | 4 | if self.transport == Transport::Rc { 8 } else { 0 };
+                mask |= m::IBV_QP_ACCESS_FLAGS.0;
+            }
+        }
+        self.modify(&mut a, mask, "INIT")?;
+
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_RTR;
+        let mut mask = m::IBV_QP_STATE.0;
+        if self.transport != Transport::Ud {
+            a.path_mtu = mtu_enum(mtu);
+            a.dest_qp_num = remote.qpn;
+            a.rq_psn = remote.psn;
+            a.ah_attr = av;
+            mask |= m::IBV_QP_PATH_MTU.0 | m::IBV_QP_DEST_QPN.0 | m::IBV_QP_RQ_PSN.0 | m::IBV_QP_AV.0;
+            if self.transport == Transport::Rc {
+                a.max_dest_rd_atomic = rd_atomic;
+                a.min_rnr_timer = 12;
+                mask |= m::IBV_QP_MAX_DEST_RD_ATOMIC.0 | m::IBV_QP_MIN_RNR_TIMER.0;
+            }
+        }
+        self.modify(&mut a, mask, "RTR").map_err(|e| {
+            e.context(&format!(
+                "local GID index {}, remote GID {} on {} port {}; both GIDs must be reachable on the same \
+                 network: check -x on both sides",
                 rdma.gid.index, remote.gid, remote.device, remote.port
             ))
         })?;
 
-        let mut rts = QueuePairAttribute::new();
-        rts.setup_state(QueuePairState::ReadyToSend)
-            .setup_sq_psn(self.psn)
-            .setup_timeout(14)
-            .setup_retry_cnt(7)
-            .setup_rnr_retry(7)
-            .setup_max_read_atomic(1);
-        self.qp.modify(&rts).map_err(|e| Error::Environment(format!("cannot move the QP to RTS: {e:?}")))?;
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_RTS;
+        a.sq_psn = self.psn;
+        let mut mask = m::IBV_QP_STATE.0 | m::IBV_QP_SQ_PSN.0;
+        if self.transport == Transport::Rc {
+            a.timeout = 14;
+            a.retry_cnt = 7;
+            a.rnr_retry = 7;
+            a.max_rd_atomic = rd_atomic;
+            mask |= m::IBV_QP_TIMEOUT.0 | m::IBV_QP_RETRY_CNT.0 | m::IBV_QP_RNR_RETRY.0 | m::IBV_QP_MAX_QP_RD_ATOMIC.0;
+        }
+        self.modify(&mut a, mask, "RTS")?;
+
+        if self.transport == Transport::Ud {
+            let mut av = av;
+            self.ah = Some(AddressHandle::new(&rdma.pd, &mut av)?);
+        }
         Ok(())
+    }
+
+    /// The address handle of the peer (UD only).
+    pub fn ah(&self) -> *mut ibv_ah {
+        self.ah.as_ref().map_or(null_mut(), |a| a.raw.as_ptr())
     }
 
     /// Posts one pre-built work request.
     #[inline(always)]
-    pub fn post(&self, req: &mut WriteRequest) -> Result<()> {
+    pub fn post(&self, req: &mut SendRequest) -> Result<()> {
         self.post_batch(std::slice::from_mut(req))
     }
 
@@ -146,7 +242,7 @@ impl RcQp {
     /// requests are copied into the send queue by the call, so the slice may be reused
     /// right after it returns; the payload memory must stay until completion.
     #[inline(always)]
-    pub fn post_batch(&self, reqs: &mut [WriteRequest]) -> Result<()> {
+    pub fn post_batch(&self, reqs: &mut [SendRequest]) -> Result<()> {
         let n = reqs.len();
         if n == 0 {
             return Ok(());
@@ -169,42 +265,118 @@ impl RcQp {
         Ok(())
     }
 
-    /// Polls up to `wcs.len()` completions; returns how many arrived.
+    /// Posts receives as one chain.
     #[inline(always)]
-    pub fn poll(&self, wcs: &mut [Completion]) -> Result<usize> {
-        // SAFETY: the CQ is alive and `wcs` is writable for its length.
-        let n = unsafe { ibv_poll_cq(self.raw_cq.as_ptr(), wcs.len() as i32, wcs.as_mut_ptr()) };
-        if n < 0 {
-            return Err(Error::Environment(format!("ibv_poll_cq failed ({n})")));
+    pub fn post_recv_batch(&self, reqs: &mut [RecvRequest]) -> Result<()> {
+        let n = reqs.len();
+        if n == 0 {
+            return Ok(());
         }
-        Ok(n as usize)
+        for i in 0..n {
+            let next: *mut ibv_recv_wr = if i + 1 < n { &mut reqs[i + 1].wr } else { null_mut() };
+            let r = &mut reqs[i];
+            r.wr.sg_list = &mut r.sge;
+            r.wr.next = next;
+        }
+        let mut bad: *mut ibv_recv_wr = null_mut();
+        // SAFETY: as for post_batch.
+        let rc = unsafe { ibv_post_recv(self.raw_qp.as_ptr(), &mut reqs[0].wr, &mut bad) };
+        if rc != 0 {
+            return Err(Error::Environment(format!(
+                "ibv_post_recv failed: {} (receive queue full)",
+                std::io::Error::from_raw_os_error(rc)
+            )));
+        }
+        Ok(())
     }
 
-    /// Keeps the CQ handle reachable for code that needs it (completion channels later).
-    pub fn cq(&self) -> &Arc<BasicCompletionQueue> {
-        &self.cq
+    /// Polls up to `wcs.len()` send completions; returns how many arrived.
+    #[inline(always)]
+    pub fn poll_send(&self, wcs: &mut [Completion]) -> Result<usize> {
+        poll(self.raw_send_cq, wcs)
+    }
+
+    /// Polls up to `wcs.len()` receive completions; returns how many arrived.
+    #[inline(always)]
+    pub fn poll_recv(&self, wcs: &mut [Completion]) -> Result<usize> {
+        poll(self.raw_recv_cq, wcs)
+    }
+
+    /// The CQ owners, for code that needs them (completion channels).
+    pub fn cqs(&self) -> (&Arc<BasicCompletionQueue>, &Arc<BasicCompletionQueue>) {
+        (&self.send_cq, &self.recv_cq)
+    }
+}
+
+#[inline(always)]
+fn poll(cq: NonNull<ibv_cq>, wcs: &mut [Completion]) -> Result<usize> {
+    // SAFETY: the CQ is alive and `wcs` is writable for its length.
+    let n = unsafe { ibv_poll_cq(cq.as_ptr(), wcs.len() as i32, wcs.as_mut_ptr()) };
+    if n < 0 {
+        return Err(Error::Environment(format!("ibv_poll_cq failed ({n})")));
+    }
+    Ok(n as usize)
+}
+
+fn address_vector(rdma: &Rdma, remote: &Endpoint) -> Result<ibv_ah_attr> {
+    // SAFETY: all-zero is a valid ibv_ah_attr.
+    let mut av: ibv_ah_attr = unsafe { std::mem::zeroed() };
+    av.port_num = rdma.port.port;
+    av.dlid = remote.lid;
+    if rdma.gid.use_grh {
+        let dgid: std::net::Ipv6Addr =
+            remote.gid.parse().map_err(|_| Error::Peer(format!("the peer sent an invalid GID {:?}", remote.gid)))?;
+        av.is_global = 1;
+        av.grh = ibv_global_route {
+            dgid: ibv_gid { raw: dgid.octets() },
+            flow_label: 0,
+            sgid_index: rdma.gid.index as u8,
+            hop_limit: HOP_LIMIT,
+            traffic_class: 0,
+        };
+    }
+    Ok(av)
+}
+
+struct AddressHandle {
+    raw: NonNull<ibv_ah>,
+}
+
+impl AddressHandle {
+    fn new(pd: &Arc<ProtectionDomain>, attr: &mut ibv_ah_attr) -> Result<AddressHandle> {
+        // SAFETY: the PD is alive; attr is initialised.
+        let ah = unsafe { ibv_create_ah(pd.pd().as_ptr(), attr) };
+        NonNull::new(ah).map(|raw| AddressHandle { raw }).ok_or_else(|| {
+            Error::Environment(format!("cannot create an address handle: {}", std::io::Error::last_os_error()))
+        })
+    }
+}
+
+impl Drop for AddressHandle {
+    fn drop(&mut self) {
+        // SAFETY: created by ibv_create_ah and destroyed once.
+        unsafe { ibv_destroy_ah(self.raw.as_ptr()) };
     }
 }
 
 fn build_qp(
-    rdma: &Rdma,
-    cq: &Arc<BasicCompletionQueue>,
-    sq: u32,
-    rq: u32,
-    inline: u32,
+    pd: &Arc<ProtectionDomain>,
+    transport: Transport,
+    send_cq: &Arc<BasicCompletionQueue>,
+    recv_cq: &Arc<BasicCompletionQueue>,
+    caps: QpCaps,
 ) -> std::result::Result<BasicQueuePair, String> {
-    rdma.pd
-        .create_qp_builder()
-        .setup_qp_type(QueuePairType::ReliableConnection)
-        .setup_max_send_wr(sq)
-        .setup_max_recv_wr(rq.max(1))
+    pd.create_qp_builder()
+        .setup_qp_type(transport.qp_type())
+        .setup_max_send_wr(caps.send_depth.max(1))
+        .setup_max_recv_wr(caps.recv_depth.max(1))
         .setup_max_send_sge(1)
         .setup_max_recv_sge(1)
-        .setup_max_inline_data(inline)
-        .setup_send_cq(Arc::clone(cq))
-        .setup_recv_cq(Arc::clone(cq))
+        .setup_max_inline_data(caps.inline)
+        .setup_send_cq(Arc::clone(send_cq))
+        .setup_recv_cq(Arc::clone(recv_cq))
         .build()
-        .map_err(|e| std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_else(|| format!("{e:?}")))
+        .map_err(|e| os_text(&e))
 }
 
 fn random_psn() -> u32 {
@@ -219,23 +391,88 @@ fn random_psn() -> u32 {
     v & 0x00ff_ffff
 }
 
-/// A work request and its one scatter/gather entry, built once and re-posted.
+/// A send-queue work request and its one scatter/gather entry, built once, re-posted.
 #[repr(C)]
-pub struct WriteRequest {
+pub struct SendRequest {
     pub wr: ibv_send_wr,
     pub sge: ibv_sge,
 }
 
-impl WriteRequest {
-    /// An RDMA WRITE of `len` bytes at `offset` of `local` to `remote_addr`/`rkey`.
-    pub fn rdma_write(local: &RegisteredBuf, offset: usize, len: u32, remote_addr: u64, rkey: u32) -> WriteRequest {
+impl SendRequest {
+    fn new(opcode: u32, local: &RegisteredBuf, offset: usize, len: u32) -> SendRequest {
         // SAFETY: ibv_send_wr is a C struct for which all-zero is a valid value.
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+        wr.opcode = opcode;
         wr.num_sge = 1;
-        wr.wr.rdma.remote_addr = remote_addr;
-        wr.wr.rdma.rkey = rkey;
-        WriteRequest { wr, sge: ibv_sge { addr: local.addr() + offset as u64, length: len, lkey: local.lkey() } }
+        SendRequest { wr, sge: ibv_sge { addr: local.addr() + offset as u64, length: len, lkey: local.lkey() } }
+    }
+
+    /// RDMA WRITE (with immediate data when `imm` is set) of `len` bytes at `offset`.
+    pub fn write(
+        local: &RegisteredBuf,
+        offset: usize,
+        len: u32,
+        remote_addr: u64,
+        rkey: u32,
+        imm: Option<u32>,
+    ) -> Self {
+        let op =
+            if imm.is_some() { ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM } else { ibv_wr_opcode::IBV_WR_RDMA_WRITE };
+        let mut r = SendRequest::new(op, local, offset, len);
+        r.wr.wr.rdma.remote_addr = remote_addr;
+        r.wr.wr.rdma.rkey = rkey;
+        r.wr.imm_data_invalidated_rkey_union.imm_data = imm.unwrap_or(0).to_be();
+        r
+    }
+
+    /// RDMA READ of `len` bytes from `remote_addr` into `offset`.
+    pub fn read(local: &RegisteredBuf, offset: usize, len: u32, remote_addr: u64, rkey: u32) -> Self {
+        let mut r = SendRequest::new(ibv_wr_opcode::IBV_WR_RDMA_READ, local, offset, len);
+        r.wr.wr.rdma.remote_addr = remote_addr;
+        r.wr.wr.rdma.rkey = rkey;
+        r
+    }
+
+    /// SEND (with immediate data when `imm` is set).
+    pub fn send(local: &RegisteredBuf, offset: usize, len: u32, imm: Option<u32>) -> Self {
+        let op = if imm.is_some() { ibv_wr_opcode::IBV_WR_SEND_WITH_IMM } else { ibv_wr_opcode::IBV_WR_SEND };
+        let mut r = SendRequest::new(op, local, offset, len);
+        r.wr.imm_data_invalidated_rkey_union.imm_data = imm.unwrap_or(0).to_be();
+        r
+    }
+
+    /// Fetch-and-add of `add` on the 8 bytes at `remote_addr`; the old value lands at `offset`.
+    pub fn fetch_add(local: &RegisteredBuf, offset: usize, remote_addr: u64, rkey: u32, add: u64) -> Self {
+        let mut r = SendRequest::new(ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD, local, offset, 8);
+        r.wr.wr.atomic.remote_addr = remote_addr;
+        r.wr.wr.atomic.rkey = rkey;
+        r.wr.wr.atomic.compare_add = add;
+        r
+    }
+
+    /// Compare-and-swap on the 8 bytes at `remote_addr`; the old value lands at `offset`.
+    pub fn cmp_swap(
+        local: &RegisteredBuf,
+        offset: usize,
+        remote_addr: u64,
+        rkey: u32,
+        compare: u64,
+        swap: u64,
+    ) -> Self {
+        let mut r = SendRequest::new(ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP, local, offset, 8);
+        r.wr.wr.atomic.remote_addr = remote_addr;
+        r.wr.wr.atomic.rkey = rkey;
+        r.wr.wr.atomic.compare_add = compare;
+        r.wr.wr.atomic.swap = swap;
+        r
+    }
+
+    /// Addresses a UD request to the peer.
+    pub fn to_ud(mut self, ah: *mut ibv_ah, remote_qpn: u32) -> Self {
+        self.wr.wr.ud.ah = ah;
+        self.wr.wr.ud.remote_qpn = remote_qpn;
+        self.wr.wr.ud.remote_qkey = UD_QKEY;
+        self
     }
 
     #[inline(always)]
@@ -261,10 +498,38 @@ impl WriteRequest {
         self.sge.length = len;
     }
 
+    /// Sets the remote address of an RDMA request (the `rdma` member of the union).
     #[inline(always)]
     pub fn set_remote(&mut self, addr: u64) {
-        // Writing a union field is safe; this request was built with the rdma member.
         self.wr.wr.rdma.remote_addr = addr;
+    }
+
+    /// Sets compare/add and swap of an atomic request.
+    #[inline(always)]
+    pub fn set_atomic(&mut self, compare_add: u64, swap: u64) {
+        self.wr.wr.atomic.compare_add = compare_add;
+        self.wr.wr.atomic.swap = swap;
+    }
+
+    #[inline(always)]
+    pub fn set_imm(&mut self, imm: u32) {
+        self.wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+    }
+}
+
+/// A receive work request and its one scatter/gather entry.
+#[repr(C)]
+pub struct RecvRequest {
+    pub wr: ibv_recv_wr,
+    pub sge: ibv_sge,
+}
+
+impl RecvRequest {
+    pub fn new(local: &RegisteredBuf, offset: usize, len: u32, wr_id: u64) -> RecvRequest {
+        RecvRequest {
+            wr: ibv_recv_wr { wr_id, next: null_mut(), sg_list: null_mut(), num_sge: 1 },
+            sge: ibv_sge { addr: local.addr() + offset as u64, length: len, lkey: local.lkey() },
+        }
     }
 }
 
@@ -292,4 +557,10 @@ pub fn check_completion(wc: &Completion, peer: &str) -> Result<u64> {
             wc.status, wc.vendor_err
         ))),
     }
+}
+
+/// The immediate data of a receive completion, in host order.
+pub fn imm_of(wc: &Completion) -> u32 {
+    // SAFETY: reading the imm member of a plain-data union.
+    u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })
 }
