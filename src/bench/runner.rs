@@ -65,7 +65,7 @@ pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResul
 
     let mut out = opts.table_out();
     table::banner(&mut out, spec, &env, "client").map_err(io_err)?;
-    table::header(&mut out, spec.measure, opts.units).map_err(io_err)?;
+    table::header(&mut out, spec, opts.units).map_err(io_err)?;
     let clock = Clock::new();
     let mut results = Vec::with_capacity(spec.sizes.len());
     for &size in &spec.sizes {
@@ -214,7 +214,7 @@ pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult>
                 }
             }
             Message::Report(run) => {
-                table::header(&mut out, spec.measure, opts.units).map_err(io_err)?;
+                table::header(&mut out, &spec, opts.units).map_err(io_err)?;
                 for r in &run.results {
                     table::row(&mut out, r, opts.units).map_err(io_err)?;
                 }

@@ -40,6 +40,15 @@ pub enum AtomicOp {
     CmpAndSwp,
 }
 
+impl AtomicOp {
+    pub fn label(self) -> &'static str {
+        match self {
+            AtomicOp::FetchAndAdd => "FETCH_AND_ADD",
+            AtomicOp::CmpAndSwp => "CMP_AND_SWP",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Measure {

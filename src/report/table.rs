@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use super::{Environment, SizeResult};
-use crate::bench::spec::{Measure, TestSpec};
+use crate::bench::spec::{Measure, Operation, TestSpec};
 use crate::stats::throughput::{BYTES_PER_GBIT, BYTES_PER_MB};
 
 const RULE: &str = "---------------------------------------------------------------------------------------";
@@ -17,14 +17,25 @@ pub enum Units {
 }
 
 pub fn banner(out: &mut dyn Write, spec: &TestSpec, env: &Environment, role: &str) -> std::io::Result<()> {
-    let title = match (spec.measure, spec.name().as_str()) {
-        (_, "write_lat") => "RDMA_Write Latency Test",
-        _ => "RDMA_Write BW Test",
+    let op = match spec.operation {
+        Operation::Write if spec.with_imm => "RDMA_Write with immediate".to_string(),
+        Operation::Write => "RDMA_Write".into(),
+        Operation::Read => "RDMA_Read".into(),
+        Operation::Send if spec.with_imm => "Send with immediate".into(),
+        Operation::Send => "Send".into(),
+        Operation::Atomic => format!(
+            "Atomic {}",
+            serde_json::to_value(spec.atomic_op).map_or(String::new(), |v| v.as_str().unwrap_or("").to_string())
+        ),
+    };
+    let kind = match spec.measure {
+        Measure::Latency => "Latency",
+        Measure::Bandwidth => "BW",
     };
     writeln!(out, "{RULE}")?;
-    writeln!(out, "                    {title} (rdmabench {}, {role})", env.tool_version)?;
+    writeln!(out, "                    {op} {kind} Test (rdmabench {}, {role})", env.tool_version)?;
     writeln!(out, " Device         : {} port {}\t\tLink type      : {}", env.device, env.port, env.link_layer)?;
-    writeln!(out, " Connection type: RC\t\t\tMtu            : {}[B]", env.mtu)?;
+    writeln!(out, " Connection type: {}\t\t\tMtu            : {}[B]", spec.transport.label(), env.mtu)?;
     writeln!(out, " TX depth       : {}\t\t\tCQ moderation  : {}", spec.tx_depth, spec.effective_cq_mod())?;
     writeln!(
         out,
@@ -41,10 +52,14 @@ pub fn banner(out: &mut dyn Write, spec: &TestSpec, env: &Environment, role: &st
     writeln!(out, "{RULE}")
 }
 
-pub fn header(out: &mut dyn Write, measure: Measure, units: Units) -> std::io::Result<()> {
-    match measure {
+pub fn header(out: &mut dyn Write, spec: &TestSpec, units: Units) -> std::io::Result<()> {
+    match spec.measure {
         Measure::Latency => {
-            writeln!(out, " one-way latency = round trip / 2 [usec]; t_max is the true maximum (no samples dropped)")?;
+            let what = match spec.operation {
+                Operation::Write | Operation::Send => "one-way latency = round trip / 2",
+                Operation::Read | Operation::Atomic => "round-trip latency (whole round trips)",
+            };
+            writeln!(out, " {what} [usec]; t_max is the true maximum (no samples dropped)")?;
             writeln!(
                 out,
                 " {:<8} {:<12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9}",
