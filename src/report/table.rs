@@ -23,10 +23,7 @@ pub fn banner(out: &mut dyn Write, spec: &TestSpec, env: &Environment, role: &st
         Operation::Read => "RDMA_Read".into(),
         Operation::Send if spec.with_imm => "Send with immediate".into(),
         Operation::Send => "Send".into(),
-        Operation::Atomic => format!(
-            "Atomic {}",
-            serde_json::to_value(spec.atomic_op).map_or(String::new(), |v| v.as_str().unwrap_or("").to_string())
-        ),
+        Operation::Atomic => format!("Atomic {}", spec.atomic_op.label()),
     };
     let kind = match spec.measure {
         Measure::Latency => "Latency",
