@@ -394,3 +394,96 @@ fn lab_handshake_hang_or_garbage_ends_with_exit_4_and_a_message() {
         assert!(out.stderr.contains("bad frame") && !out.stderr.contains("panicked"), "{}", out.stderr);
     }
 }
+
+/// Every operation x transport combination rxe supports, at a small and a large size:
+/// counts, bytes and data integrity (payloads checked where they land; atomics checked
+/// through the returned values and the final counter).
+#[test]
+fn lab_every_operation_and_transport_moves_and_checks_its_data() {
+    struct Case {
+        test: &'static str,
+        transport: &'static str,
+        extra: &'static [&'static str],
+        sizes: &'static [u64],
+    }
+    let payload_sizes: &[u64] = &[8, 65536];
+    let cases = [
+        Case { test: "write", transport: "RC", extra: &[], sizes: payload_sizes },
+        Case { test: "write", transport: "RC", extra: &["--with-imm"], sizes: payload_sizes },
+        Case { test: "write", transport: "UC", extra: &[], sizes: payload_sizes },
+        Case { test: "write", transport: "UC", extra: &["--with-imm"], sizes: payload_sizes },
+        Case { test: "read", transport: "RC", extra: &[], sizes: payload_sizes },
+        Case { test: "send", transport: "RC", extra: &[], sizes: payload_sizes },
+        Case { test: "send", transport: "RC", extra: &["--with-imm"], sizes: payload_sizes },
+        Case { test: "send", transport: "UC", extra: &[], sizes: payload_sizes },
+        Case { test: "send", transport: "UD", extra: &[], sizes: &[8, 4096] },
+        Case { test: "send", transport: "UD", extra: &["--with-imm"], sizes: &[8, 4096] },
+        Case { test: "atomic", transport: "RC", extra: &["-A", "FETCH_AND_ADD"], sizes: &[8] },
+        Case { test: "atomic", transport: "RC", extra: &["-A", "CMP_AND_SWP"], sizes: &[8] },
+    ];
+    for c in &cases {
+        for measure in ["lat", "bw"] {
+            for &size in c.sizes {
+                let test = format!("{}-{measure}", c.test);
+                let iters = if measure == "lat" { "100" } else { "300" };
+                let size_s = size.to_string();
+                let mut args = vec!["-c", c.transport, "-n", iters, "--json", "-"];
+                args.extend_from_slice(c.extra);
+                if c.test != "atomic" {
+                    args.extend(["-s", &size_s, "--validate-data"]);
+                }
+                let what = format!("{test} {args:?}");
+                let (cl, sv) = pair(&test, &args, &[]);
+                assert_eq!(cl.code, 0, "{what}: client {}\nserver {}", cl.stderr, sv.stderr);
+                assert_eq!(sv.code, 0, "{what}: server {}", sv.stderr);
+                let doc = valid_doc(&cl.stdout);
+                assert_eq!(doc["spec"]["transport"], c.transport, "{what}");
+                let r = &doc["results"][0];
+                assert_eq!(r["size"], size, "{what}");
+                assert_eq!(r["iterations"].as_u64(), Some(iters.parse().unwrap()), "{what}");
+                assert_eq!(r["bytes"].as_u64(), Some(size * iters.parse::<u64>().unwrap()), "{what}");
+                if measure == "lat" {
+                    assert_eq!(r["latency"]["samples"].as_u64(), r["iterations"].as_u64(), "{what}");
+                    let kind = if matches!(c.test, "read" | "atomic") { "round_trip" } else { "one_way" };
+                    assert_eq!(r["latency"]["kind"], kind, "{what}");
+                } else {
+                    assert_eq!(r["bandwidth"]["messages"].as_u64(), r["iterations"].as_u64(), "{what}");
+                }
+                let receives = c.test == "send" || c.extra.contains(&"--with-imm");
+                match (c.transport, receives) {
+                    ("RC", _) | (_, false) => assert!(r.get("delivered").is_none(), "{what}"),
+                    _ => {
+                        let d = r["delivered"].as_u64().unwrap_or(0);
+                        assert!(d > 0 && d <= iters.parse().unwrap(), "{what}: delivered {d}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn lab_refused_combinations_say_why() {
+    let addr = server_addr();
+    let cases: &[(&str, &[&str], &[&str])] = &[
+        ("read-lat", &["-c", "UC"], &["UC has no responder resources", "-c RC"]),
+        ("atomic-bw", &["-c", "UD"], &["UD carries only SEND", "-c RC"]),
+        ("write-bw", &["-c", "UD"], &["UD carries only SEND", "-c RC or UC"]),
+        ("read-bw", &["--with-imm"], &["--with-imm applies to write and send"]),
+        ("atomic-lat", &["-s", "64"], &["8 bytes"]),
+        ("atomic-lat", &["--validate-data"], &["final counter"]),
+        ("send-bw", &["-c", "UD", "-s", "8192"], &["one MTU", "-s 1..=4096"]),
+        ("read-bw", &["--outstanding-reads", "1000"], &["max_qp_rd_atom", "--outstanding-reads 1..="]),
+        ("send-bw", &["-r", "0"], &["rx depth 0", "-r 1"]),
+    ];
+    for (test, extra, parts) in cases {
+        let mut args = vec![*test, "-p", "19997", "--connect-timeout", "1"];
+        args.extend_from_slice(extra);
+        args.push(&addr);
+        let out = run(&args);
+        assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
+        for p in *parts {
+            assert!(out.stderr.contains(p), "{args:?}: missing {p:?} in {}", out.stderr);
+        }
+    }
+}
