@@ -119,9 +119,21 @@ pub struct TestArgs {
     /// Send queue depth (default 1 for latency, 128 for bandwidth).
     #[arg(short = 't', long = "tx-depth")]
     pub tx_depth: Option<u32>,
-    /// Request a completion every N work requests (capped at the tx depth).
-    #[arg(short = 'Q', long = "cq-mod", default_value_t = 100)]
-    pub cq_mod: u32,
+    /// Request a completion every N work requests, capped at the tx depth
+    /// (default 100; with -l, the post list length, as perftest).
+    #[arg(short = 'Q', long = "cq-mod")]
+    pub cq_mod: Option<u32>,
+    /// Post work requests in chains of N (one doorbell each), as perftest's -l.
+    /// Default: whatever room the send window has, as one chain.
+    #[arg(short = 'l', long = "post-list", visible_alias = "post_list")]
+    pub post_list: Option<u32>,
+    /// Report the CPU time this process used during each measurement, as % of one core.
+    #[arg(long = "cpu-util", visible_alias = "cpu_util")]
+    pub cpu_util: bool,
+    /// Latency tests: write every size's HDR histogram (round-trip ns) to FILE, in the
+    /// HdrHistogram interval-log format, for plotting.
+    #[arg(long, value_name = "FILE")]
+    pub histogram: Option<String>,
     /// Post messages up to this size inline (default 220 for latency, 0 for bandwidth,
     /// clamped to the device's limit).
     #[arg(short = 'I', long = "inline-size")]
@@ -170,7 +182,8 @@ impl TestArgs {
             iterations: self.iterations.unwrap_or(d.iterations),
             duration_secs: self.duration,
             tx_depth: self.tx_depth.unwrap_or(d.tx_depth),
-            cq_mod: self.cq_mod,
+            cq_mod: self.cq_mod.or(self.post_list).unwrap_or(d.cq_mod),
+            post_list: self.post_list,
             inline_size: self.inline,
             mtu: self.mtu,
             validate_data: self.validate_data,
@@ -186,6 +199,8 @@ impl TestArgs {
             connect_timeout: seconds("--connect-timeout", self.connect_timeout)?,
             timeout: seconds("--timeout", self.timeout)?,
             json: self.json.clone(),
+            cpu_util: self.cpu_util,
+            histogram: self.histogram.clone(),
             units: if self.report_gbits { Units::GigaBits } else { Units::MegaBytes },
         })
     }
@@ -193,11 +208,12 @@ impl TestArgs {
     /// Test flags given to a server, which ignores them in favour of the client's spec.
     pub fn test_flags_given(&self) -> Vec<&'static str> {
         let mut v = Vec::new();
-        let flags: [(&'static str, bool); 13] = [
+        let flags: [(&'static str, bool); 14] = [
             ("-c", self.transport != Transport::Rc),
             ("-r", self.rx_depth != 512),
             ("--with-imm", self.with_imm),
             ("-o", self.outstanding_reads.is_some()),
+            ("-l", self.post_list.is_some()),
             ("-s", self.size.is_some()),
             ("-a", self.all),
             ("-n", self.iterations.is_some()),
@@ -206,7 +222,7 @@ impl TestArgs {
             ("-I", self.inline.is_some()),
             ("-m", self.mtu.is_some()),
             ("--validate-data", self.validate_data),
-            ("-Q", self.cq_mod != 100),
+            ("-Q", self.cq_mod.is_some()),
         ];
         for (f, given) in flags {
             if given {

@@ -115,20 +115,36 @@ pub fn client(run: &SizeRun, chan: &mut Channel) -> Result<BandwidthRun> {
     let mut events = 0u32;
     let start = clock.now();
     let mut last_progress = start;
+    // With -l, post only whole chains of `post_list` (the last one may be shorter).
+    let chain = spec.post_list.unwrap_or(1) as u64;
     loop {
         let mut batch = 0;
-        while !posting_done && window.has_room() {
+        let room = (depth - window.outstanding()) as u64;
+        let remaining = total.saturating_sub(posted);
+        let wanted = if time_up { 1 } else { chain.min(remaining) };
+        let postable = if room >= wanted { room - room % chain.min(wanted).max(1) } else { 0 };
+        while !posting_done && (batch as u64) < postable {
             let last = posted + 1 == total || time_up;
+            // A chain that leaves no room for the next one must ask for a completion, or
+            // the window could wait for completions nobody requested.
+            let ends_chain = (batch as u64 + 1).is_multiple_of(chain);
+            let starves = ends_chain && (window.outstanding() as u64 + 1 + chain) > depth as u64;
             let req = &mut reqs[batch];
             aim(req, link, spec, size, posted);
-            let (signaled, id) = window.on_post(last);
+            let (signaled, id) = window.on_post(last || starves);
             req.set_flags(signaled, inline);
             req.set_wr_id(id);
             batch += 1;
             posted += 1;
             posting_done = last;
         }
-        link.qp.post_batch(&mut reqs[..batch])?;
+        if spec.post_list.is_some() {
+            for chunk in reqs[..batch].chunks_mut(chain as usize) {
+                link.qp.post_batch(chunk)?;
+            }
+        } else {
+            link.qp.post_batch(&mut reqs[..batch])?;
+        }
 
         let n = window.reap(link, &peer)?;
         if n > 0 {

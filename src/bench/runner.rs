@@ -9,13 +9,17 @@ use crate::bench::link::{Prepared, Role, SizeRun, hostname};
 use crate::bench::spec::{Measure, TestSpec, Transport};
 use crate::bench::{bandwidth, latency};
 use crate::error::{Error, Result};
+use crate::report;
+use crate::report::histogram::SizeHistogram;
 use crate::report::json::{self, Document};
 use crate::report::table::{self, Units};
 use crate::report::{LatencyResult, RunResult, SizeResult};
 use crate::session::proto::{self, MAGIC};
 use crate::session::{Channel, Message, PROTOCOL_VERSION};
 use crate::stats::Clock;
+use crate::stats::cpu::CpuMeter;
 use crate::verbs::DeviceSelection;
+use hdrhistogram::Histogram;
 
 pub struct RunOptions {
     pub selection: DeviceSelection,
@@ -23,6 +27,8 @@ pub struct RunOptions {
     pub connect_timeout: Duration,
     pub timeout: Duration,
     pub json: Option<String>,
+    pub cpu_util: bool,
+    pub histogram: Option<String>,
     pub units: Units,
 }
 
@@ -44,6 +50,9 @@ fn io_err(e: std::io::Error) -> Error {
 /// Runs the test against the server at `host`; returns the results of every size.
 pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResult> {
     spec.check()?;
+    if opts.histogram.is_some() && spec.measure != Measure::Latency {
+        return Err(Error::Usage("--histogram applies to latency tests".into()));
+    }
     let prepared = Prepared::new(spec, &opts.selection)?;
     let mut chan = Channel::connect(host, opts.tcp_port, opts.connect_timeout, opts.timeout)?;
     chan.send(&Message::Hello {
@@ -65,21 +74,32 @@ pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResul
 
     let mut out = opts.table_out();
     table::banner(&mut out, spec, &env, "client").map_err(io_err)?;
-    table::header(&mut out, spec, opts.units).map_err(io_err)?;
+    table::header(&mut out, spec, opts.units, opts.cpu_util).map_err(io_err)?;
     let clock = Clock::new();
+    let progress = Progress::new(spec.sizes.len(), opts.json.as_deref() != Some("-"));
     let mut results = Vec::with_capacity(spec.sizes.len());
-    for &size in &spec.sizes {
+    let mut histograms = Vec::new();
+    for (k, &size) in spec.sizes.iter().enumerate() {
+        progress.show(k, size);
         let run = SizeRun { link: &link, spec, size, clock: &clock, timeout_ns: opts.timeout_ns() };
-        let r = measure_size(&run, &mut chan).inspect_err(|e| {
+        let (r, hist) = measure_size(&run, &mut chan, opts.cpu_util).inspect_err(|e| {
+            progress.clear();
             if !matches!(e, Error::Peer(_)) {
                 chan.abort(e);
             }
         })?;
+        progress.clear();
         table::row(&mut out, &r, opts.units).map_err(io_err)?;
         out.flush().map_err(io_err)?;
+        if let Some(h) = hist {
+            histograms.push(SizeHistogram { size, histogram: h, duration_ns: r.duration_ns });
+        }
         results.push(r);
     }
     table::footer(&mut out).map_err(io_err)?;
+    if let Some(path) = &opts.histogram {
+        report::histogram::write(path, &spec.name(), &histograms)?;
+    }
 
     let run = RunResult { test: spec.name(), spec: spec.clone(), environment: env, results };
     chan.send(&Message::Report(Box::new(run.clone())))?;
@@ -95,7 +115,33 @@ pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResul
     Ok(run)
 }
 
-fn measure_size(run: &SizeRun, chan: &mut Channel) -> Result<SizeResult> {
+/// A one-line progress indicator on stderr for sweeps, only when stdout is a terminal.
+struct Progress {
+    total: usize,
+    on: bool,
+}
+
+impl Progress {
+    fn new(total: usize, table_on_stdout: bool) -> Progress {
+        // SAFETY: isatty only inspects the descriptor.
+        let tty = unsafe { libc::isatty(1) == 1 && libc::isatty(2) == 1 };
+        Progress { total, on: total > 1 && table_on_stdout && tty }
+    }
+
+    fn show(&self, done: usize, size: u64) {
+        if self.on {
+            eprint!("\r\x1b[K [{}/{}] measuring {size} B ...", done + 1, self.total);
+        }
+    }
+
+    fn clear(&self) {
+        if self.on {
+            eprint!("\r\x1b[K");
+        }
+    }
+}
+
+fn measure_size(run: &SizeRun, chan: &mut Channel, cpu_util: bool) -> Result<(SizeResult, Option<Histogram<u64>>)> {
     let SizeRun { link, spec, size, .. } = *run;
     latency::prepare(link, spec, size);
     chan.send(&Message::Start { size })?;
@@ -105,9 +151,12 @@ fn measure_size(run: &SizeRun, chan: &mut Channel) -> Result<SizeResult> {
             return Err(Error::Peer(format!("{} sent {} instead of ready", chan.peer(), other.kind())));
         }
     }
+    let cpu = CpuMeter::start();
+    let mut histogram = None;
     let (iterations, duration_ns, latency, bandwidth) = match spec.measure {
         Measure::Latency => {
             let lat = latency::client(run, chan)?;
+            histogram = Some(lat.recorder.histogram().clone());
             let (kind, scale) = if latency::is_ping_pong(spec) { ("one_way", 0.5) } else { ("round_trip", 1.0) };
             let summary = lat.recorder.summary(scale);
             let result = LatencyResult { kind: kind.into(), unit: "ns".into(), summary };
@@ -118,6 +167,7 @@ fn measure_size(run: &SizeRun, chan: &mut Channel) -> Result<SizeResult> {
             (bw.iterations, bw.summary.elapsed_ns, None, Some(bw.summary))
         }
     };
+    let cpu_util_pct = cpu_util.then(|| cpu.percent());
     chan.send(&Message::Done { size, iterations })?;
     let mut delivered = None;
     match chan.recv("the server's verdict")? {
@@ -139,7 +189,7 @@ fn measure_size(run: &SizeRun, chan: &mut Channel) -> Result<SizeResult> {
             return Err(Error::Peer(format!("{} sent {} instead of a verdict", chan.peer(), other.kind())));
         }
     }
-    Ok(SizeResult {
+    let result = SizeResult {
         size,
         iterations,
         bytes: size * iterations,
@@ -147,8 +197,10 @@ fn measure_size(run: &SizeRun, chan: &mut Channel) -> Result<SizeResult> {
         latency,
         bandwidth,
         data_validated: spec.validate_data,
+        cpu_util_pct,
         delivered,
-    })
+    };
+    Ok((result, histogram))
 }
 
 /// Serves one test: learns the spec from the client, follows it, prints the results.
@@ -214,7 +266,8 @@ pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult>
                 }
             }
             Message::Report(run) => {
-                table::header(&mut out, &spec, opts.units).map_err(io_err)?;
+                table::header(&mut out, &spec, opts.units, run.results.iter().any(|r| r.cpu_util_pct.is_some()))
+                    .map_err(io_err)?;
                 for r in &run.results {
                     table::row(&mut out, r, opts.units).map_err(io_err)?;
                 }

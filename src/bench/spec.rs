@@ -79,6 +79,10 @@ pub struct TestSpec {
     pub tx_depth: u32,
     /// Request a completion every `cq_mod` work requests.
     pub cq_mod: u32,
+    /// `-l`: post work requests in chains of exactly this many (one doorbell each).
+    /// `None`: post whatever room the send window has as one chain.
+    #[serde(default)]
+    pub post_list: Option<u32>,
     /// Receive queue depth (`-r`) where the peer posts receives (SEND, WRITE with immediate).
     pub rx_depth: u32,
     /// Outstanding RDMA READs and atomics per QP; `None` means min(16, the device's max_qp_rd_atom).
@@ -117,6 +121,7 @@ impl TestSpec {
             duration_secs: None,
             tx_depth: d.tx_depth,
             cq_mod: 100,
+            post_list: None,
             rx_depth: 512,
             outstanding_reads: None,
             inline_size: None,
@@ -228,6 +233,19 @@ impl TestSpec {
             return Err(Error::Usage(
                 "rx depth 0 is not allowed; use -r 1 or more (up to the device's max_qp_wr)".into(),
             ));
+        }
+        if let Some(l) = self.post_list {
+            if self.measure == Measure::Latency {
+                return Err(Error::Usage(
+                    "post lists (-l) apply to bandwidth tests: a latency test has one message in flight".into(),
+                ));
+            }
+            if l == 0 || l > self.tx_depth {
+                return Err(Error::Usage(format!(
+                    "post list {l} must be 1..=tx depth {}; use -l 1..={} (or raise -t)",
+                    self.tx_depth, self.tx_depth
+                )));
+            }
         }
         if self.outstanding_reads == Some(0) {
             return Err(Error::Usage("--outstanding-reads 0 is not allowed; use 1 or more".into()));
@@ -556,6 +574,20 @@ mod tests {
         s.sizes = vec![8192];
         let m = usage(check_against_device(&s, &limits()));
         assert!(m.contains("one MTU") && m.contains("-s 1..=4096"), "{m}");
+    }
+
+    #[test]
+    fn post_lists_need_a_bandwidth_test_and_fit_the_queue() {
+        let mut s = spec();
+        s.post_list = Some(16);
+        s.check().unwrap();
+        s.post_list = Some(129);
+        assert!(usage(s.check()).contains("-l 1..=128"));
+        s.post_list = Some(0);
+        assert!(usage(s.check()).contains("-l 1..=128"));
+        let mut s = TestSpec::new(Operation::Write, Measure::Latency);
+        s.post_list = Some(2);
+        assert!(usage(s.check()).contains("bandwidth tests"));
     }
 
     #[test]

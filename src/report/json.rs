@@ -109,6 +109,7 @@ mod tests {
                 latency: Some(LatencyResult { kind: "one_way".into(), unit: "ns".into(), summary: rec.summary(0.5) }),
                 bandwidth: None,
                 data_validated: false,
+                cpu_util_pct: None,
                 delivered: None,
             })
             .collect();
@@ -133,6 +134,7 @@ mod tests {
             latency: None,
             bandwidth: Some(ThroughputSummary::new(65536, 10, 1000, None)),
             data_validated: true,
+            cpu_util_pct: None,
             delivered: None,
         }];
         let run = RunResult {

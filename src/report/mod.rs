@@ -1,6 +1,7 @@
 //! What a run produced and how it is shown: the result types shared by the table, the
 //! JSON document (schema in results/schema/) and the session's final report.
 
+pub mod histogram;
 pub mod json;
 pub mod table;
 
@@ -62,6 +63,9 @@ pub struct SizeResult {
     pub bandwidth: Option<ThroughputSummary>,
     /// Whether payloads were checked where they landed (and passed: a failure ends the run).
     pub data_validated: bool,
+    /// With --cpu-util: CPU time this process used during the measurement, % of one core.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_util_pct: Option<f64>,
     /// On UC and UD, how many messages the receiver got (lost ones are not retransmitted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivered: Option<u64>,

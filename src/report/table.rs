@@ -49,7 +49,8 @@ pub fn banner(out: &mut dyn Write, spec: &TestSpec, env: &Environment, role: &st
     writeln!(out, "{RULE}")
 }
 
-pub fn header(out: &mut dyn Write, spec: &TestSpec, units: Units) -> std::io::Result<()> {
+pub fn header(out: &mut dyn Write, spec: &TestSpec, units: Units, cpu: bool) -> std::io::Result<()> {
+    let cpu = if cpu { format!(" {:>8}", "CPU[%]") } else { String::new() };
     match spec.measure {
         Measure::Latency => {
             let what = match spec.operation {
@@ -80,7 +81,7 @@ pub fn header(out: &mut dyn Write, spec: &TestSpec, units: Units) -> std::io::Re
             };
             writeln!(
                 out,
-                " {:<10} {:<12} {:>18} {:>20} {:>15}",
+                " {:<10} {:<12} {:>18} {:>20} {:>15}{cpu}",
                 "#bytes",
                 "#iterations",
                 format!("BW peak[{unit}]"),
@@ -92,12 +93,17 @@ pub fn header(out: &mut dyn Write, spec: &TestSpec, units: Units) -> std::io::Re
 }
 
 pub fn row(out: &mut dyn Write, r: &SizeResult, units: Units) -> std::io::Result<()> {
+    let cpu = r.cpu_util_pct.map_or(String::new(), |c| format!(" {c:>8.1}"));
+    let lost = match r.delivered {
+        Some(d) if d < r.iterations => format!("   ({d} delivered, {} lost)", r.iterations - d),
+        _ => String::new(),
+    };
     if let Some(l) = &r.latency {
         let us = |ns: f64| ns / 1000.0;
         let s = &l.summary;
         return writeln!(
             out,
-            " {:<8} {:<12} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>9.2} {:>9.2}",
+            " {:<8} {:<12} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>9.2} {:>9.2}{cpu}{lost}",
             r.size,
             r.iterations,
             us(s.min_ns),
@@ -118,7 +124,7 @@ pub fn row(out: &mut dyn Write, r: &SizeResult, units: Units) -> std::io::Result
         };
         return writeln!(
             out,
-            " {:<10} {:<12} {:>18.2} {:>20.2} {:>15.6}",
+            " {:<10} {:<12} {:>18.2} {:>20.2} {:>15.6}{cpu}{lost}",
             r.size,
             r.iterations,
             conv(b.peak_bytes_per_sec),
@@ -148,6 +154,7 @@ mod tests {
             latency: None,
             bandwidth: Some(ThroughputSummary::new(65536, 1000, 1_000_000_000, None)),
             data_validated: false,
+            cpu_util_pct: None,
             delivered: None,
         };
         let mut mb = Vec::new();
@@ -173,6 +180,7 @@ mod tests {
             }),
             bandwidth: None,
             data_validated: true,
+            cpu_util_pct: None,
             delivered: None,
         };
         let mut out = Vec::new();

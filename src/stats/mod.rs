@@ -3,6 +3,7 @@
 //! Nothing here touches verbs or the network.
 
 pub mod clock;
+pub mod cpu;
 pub mod latency;
 pub mod throughput;
 

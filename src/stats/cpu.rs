@@ -1,0 +1,51 @@
+//! CPU time this process spends during a measurement (user + system, all threads), as a
+//! percentage of one core over the wall time. A busy-polling kernel shows about 100 %.
+
+fn cpu_ns() -> u64 {
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the struct we own.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+pub struct CpuMeter {
+    cpu_start: u64,
+    wall_start: std::time::Instant,
+}
+
+impl CpuMeter {
+    pub fn start() -> CpuMeter {
+        CpuMeter { cpu_start: cpu_ns(), wall_start: std::time::Instant::now() }
+    }
+
+    /// Percent of one core used since `start`.
+    pub fn percent(&self) -> f64 {
+        let wall = self.wall_start.elapsed().as_nanos() as f64;
+        if wall <= 0.0 {
+            return 0.0;
+        }
+        (cpu_ns().saturating_sub(self.cpu_start)) as f64 / wall * 100.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spinning_shows_about_one_core_and_sleeping_shows_little() {
+        let m = CpuMeter::start();
+        let t = std::time::Instant::now();
+        while t.elapsed() < std::time::Duration::from_millis(200) {
+            std::hint::spin_loop();
+        }
+        let busy = m.percent();
+        assert!(busy > 50.0 && busy < 150.0, "busy {busy}");
+        let m = CpuMeter::start();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(m.percent() < 30.0);
+    }
+}
