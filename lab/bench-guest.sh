@@ -1,59 +1,80 @@
 #!/usr/bin/env bash
-# Runs inside the lab guest (or on an RDMA host): rdmabench against its perftest twin,
-# alternating which goes first each round, same device, same GID, same sizes and counts.
-# Prints one "BENCH {json}" line per run; lab/bench turns them into medians and ratios.
+# Runs inside the lab guest (or on an RDMA host): every rdmabench test against its
+# perftest twin, alternating which goes first each round, same device, GID, sizes and
+# counts, both tools pinned alike. Prints one "BENCH {json}" line per run; lab/bench
+# turns them into medians and ratios.
 set -euo pipefail
 rounds=${1:-5}
 bin=${RDMABENCH_BIN:-target/release/rdmabench}
 addr=${RDMABENCH_LAB_ADDR:-10.77.0.1}
 tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 # Both tools run pinned the same way (server on one CPU, client on the other): where the
 # scheduler puts the two spinning processes otherwise swings latency by 40 % under TCG.
 ncpu=$(nproc)
 server_cpu=0
 client_cpu=$(( ncpu > 1 ? 1 : 0 ))
-trap 'rm -rf "$tmp"' EXIT
+
+# case name | rdmabench test | rdmabench args | JSON metric | scale | perftest tool | perftest args | perftest column
+# perftest columns: latency t_typical = 5; bandwidth BW average[MB/sec] = 4, MsgRate[Mpps] = 5.
+cases=(
+  "write-lat 2B default|write-lat|-s 2 -n 5000|latency.p50_ns|0.001|ib_write_lat|-s 2 -n 5000|5"
+  "write-lat 2B inline 0|write-lat|-s 2 -n 5000 -I 0|latency.p50_ns|0.001|ib_write_lat|-s 2 -n 5000 -I 0|5"
+  "write-bw 64KiB|write-bw|-s 65536 -n 5000|bandwidth.avg_bytes_per_sec|9.5367431640625e-07|ib_write_bw|-s 65536 -n 5000|4"
+  "write-bw 8B -l 16 (Mpps)|write-bw|-s 8 -n 20000 -l 16|bandwidth.msg_rate_mpps|1|ib_write_bw|-s 8 -n 20000 -l 16|5"
+  "write-bw 8B adaptive chains vs -l 16 (Mpps)|write-bw|-s 8 -n 20000|bandwidth.msg_rate_mpps|1|ib_write_bw|-s 8 -n 20000 -l 16|5"
+  "read-lat 2B (round trip)|read-lat|-s 2 -n 3000|latency.p50_ns|0.001|ib_read_lat|-s 2 -n 3000|5"
+  "read-bw 64KiB|read-bw|-s 65536 -n 2000|bandwidth.avg_bytes_per_sec|9.5367431640625e-07|ib_read_bw|-s 65536 -n 2000|4"
+  "send-lat 2B|send-lat|-s 2 -n 5000|latency.p50_ns|0.001|ib_send_lat|-s 2 -n 5000|5"
+  "send-bw 64KiB|send-bw|-s 65536 -n 2000|bandwidth.avg_bytes_per_sec|9.5367431640625e-07|ib_send_bw|-s 65536 -n 2000|4"
+  "atomic-lat FETCH_AND_ADD (round trip)|atomic-lat|-n 3000|latency.p50_ns|0.001|ib_atomic_lat|-n 3000|5"
+  "atomic-bw FETCH_AND_ADD (Mpps)|atomic-bw|-n 5000|bandwidth.msg_rate_mpps|1|ib_atomic_bw|-n 5000|5"
+)
 
 # perftest prints one data row: bytes iterations then the figures.
 perftest_row() { awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && NF >= 5 {row=$0} END {print row}' "$1"; }
 
-run_perftest() { # name tool field args...
-  local name=$1 tool=$2 field=$3; shift 3
-  taskset -c "$server_cpu" "$tool" -x 1 -p 18515 "$@" > "$tmp/ps.out" 2>&1 &
+run_perftest() { # name tool args column
+  local name=$1 tool=$2 args=$3 col=$4
+  # shellcheck disable=SC2086
+  taskset -c "$server_cpu" "$tool" -x 1 -p 18515 $args > "$tmp/ps.out" 2>&1 &
   local srv=$!
   sleep 0.3
-  timeout 120 taskset -c "$client_cpu" "$tool" -x 1 -p 18515 "$@" "$addr" > "$tmp/pc.out" 2>&1
-  wait "$srv"
+  # shellcheck disable=SC2086
+  timeout 120 taskset -c "$client_cpu" "$tool" -x 1 -p 18515 $args "$addr" > "$tmp/pc.out" 2>&1 || true
+  wait "$srv" || true
   local v
-  v=$(perftest_row "$tmp/pc.out" | awk -v f="$field" '{print $f}')
-  echo "BENCH {\"case\":\"$name\",\"tool\":\"perftest\",\"value\":$v}"
+  v=$(perftest_row "$tmp/pc.out" | awk -v f="$col" '{print $f}')
+  [ -n "$v" ] && echo "BENCH {\"case\":\"$name\",\"tool\":\"perftest\",\"value\":$v}" || echo "perftest $tool failed: $(tail -2 "$tmp/pc.out")"
 }
 
-run_ours() { # name jq-path scale args...
-  local name=$1 path=$2 scale=$3; shift 3
-  local test=${name%%:*}
+run_ours() { # name test args metric scale
+  local name=$1 test=$2 args=$3 metric=$4 scale=$5
   taskset -c "$server_cpu" "$bin" "$test" -p 18516 > "$tmp/os.out" 2>&1 &
   local srv=$!
-  timeout 120 taskset -c "$client_cpu" "$bin" "$test" -p 18516 --connect-timeout 10 "$@" --json - "$addr" > "$tmp/oc.json" 2> "$tmp/oc.err"
-  wait "$srv"
+  # shellcheck disable=SC2086
+  timeout 120 taskset -c "$client_cpu" "$bin" "$test" -p 18516 --connect-timeout 10 $args --json - "$addr" \
+    > "$tmp/oc.json" 2> "$tmp/oc.err" || true
+  wait "$srv" || true
   local v
-  v=$(python3 -c "import json,sys; d=json.load(open('$tmp/oc.json')); r=d['results'][0]; print($path * $scale)")
+  v=$(python3 -c "
+import json
+r = json.load(open('$tmp/oc.json'))['results'][0]
+a, b = '$metric'.split('.')
+print(r[a][b] * $scale)" 2>/dev/null) || { echo "rdmabench $test failed: $(tail -2 "$tmp/oc.err")"; return; }
   echo "BENCH {\"case\":\"$name\",\"tool\":\"rdmabench\",\"value\":$v}"
 }
 
 for r in $(seq 1 "$rounds"); do
-  for turn in 1 2; do
+  for c in "${cases[@]}"; do
+    IFS='|' read -r name test args metric scale tool targs col <<< "$c"
     # Odd rounds: perftest first; even rounds: rdmabench first.
-    if [ $(( (r + turn) % 2 )) -eq 0 ]; then who=perftest; else who=ours; fi
-    if [ $who = perftest ]; then
-      # t_typical (the median) is column 5 of ib_write_lat; BW average[MB/sec] is column 4 of ib_write_bw.
-      run_perftest "write-lat:2B default" ib_write_lat 5 -s 2 -n 5000
-      run_perftest "write-lat:2B inline 0" ib_write_lat 5 -s 2 -n 5000 -I 0
-      run_perftest "write-bw:64KiB" ib_write_bw 4 -s 65536 -n 5000
+    if [ $((r % 2)) -eq 1 ]; then
+      run_perftest "$name" "$tool" "$targs" "$col"
+      run_ours "$name" "$test" "$args" "$metric" "$scale"
     else
-      run_ours "write-lat:2B default" "r['latency']['p50_ns']" 0.001 -s 2 -n 5000
-      run_ours "write-lat:2B inline 0" "r['latency']['p50_ns']" 0.001 -s 2 -n 5000 -I 0
-      run_ours "write-bw:64KiB" "r['bandwidth']['avg_bytes_per_sec']" "1/1048576" -s 65536 -n 5000
+      run_ours "$name" "$test" "$args" "$metric" "$scale"
+      run_perftest "$name" "$tool" "$targs" "$col"
     fi
   done
 done
