@@ -127,6 +127,9 @@ pub struct TestArgs {
     /// Default: whatever room the send window has, as one chain.
     #[arg(short = 'l', long = "post-list", visible_alias = "post_list")]
     pub post_list: Option<u32>,
+    /// Sleep on a completion channel instead of busy-polling (less CPU, more latency).
+    #[arg(short = 'e', long = "events")]
+    pub events: bool,
     /// Report the CPU time this process used during each measurement, as % of one core.
     #[arg(long = "cpu-util", visible_alias = "cpu_util")]
     pub cpu_util: bool,
@@ -184,6 +187,7 @@ impl TestArgs {
             tx_depth: self.tx_depth.unwrap_or(d.tx_depth),
             cq_mod: self.cq_mod.or(self.post_list).unwrap_or(d.cq_mod),
             post_list: self.post_list,
+            events: self.events,
             inline_size: self.inline,
             mtu: self.mtu,
             validate_data: self.validate_data,
@@ -208,12 +212,13 @@ impl TestArgs {
     /// Test flags given to a server, which ignores them in favour of the client's spec.
     pub fn test_flags_given(&self) -> Vec<&'static str> {
         let mut v = Vec::new();
-        let flags: [(&'static str, bool); 14] = [
+        let flags: [(&'static str, bool); 15] = [
             ("-c", self.transport != Transport::Rc),
             ("-r", self.rx_depth != 512),
             ("--with-imm", self.with_imm),
             ("-o", self.outstanding_reads.is_some()),
             ("-l", self.post_list.is_some()),
+            ("-e", self.events),
             ("-s", self.size.is_some()),
             ("-a", self.all),
             ("-n", self.iterations.is_some()),

@@ -487,3 +487,45 @@ fn lab_refused_combinations_say_why() {
         }
     }
 }
+
+#[test]
+fn lab_events_post_lists_cpu_util_and_histogram() {
+    // -e: completion channels instead of busy polling, on every wait shape.
+    for (test, extra) in [
+        ("send-lat", &["--validate-data"][..]),
+        ("write-lat", &["--with-imm"]),
+        ("read-lat", &[]),
+        ("atomic-lat", &[]),
+        ("write-bw", &["--validate-data"]),
+        ("send-bw", &["--validate-data"]),
+        ("read-bw", &[]),
+    ] {
+        let mut args = vec!["-e", "-n", "200", "--cpu-util", "--json", "-"];
+        args.extend_from_slice(extra);
+        let (c, _) = ok_pair(test, &args);
+        let doc = valid_doc(&c.stdout);
+        assert_eq!(doc["spec"]["events"], true);
+        let cpu = doc["results"][0]["cpu_util_pct"].as_f64().expect("cpu util reported");
+        assert!((0.0..=250.0).contains(&cpu), "{test}: cpu {cpu}");
+    }
+    // -l: chains of exactly N; counts stay exact, also with a ragged last chain.
+    for extra in [&["-l", "16"][..], &["-l", "7", "-t", "20", "-Q", "20"], &["-l", "16", "-t", "16"]] {
+        let mut args = vec!["-s", "8", "-n", "2001", "--json", "-"];
+        args.extend_from_slice(extra);
+        let (c, _) = ok_pair("write-bw", &args);
+        let doc = valid_doc(&c.stdout);
+        assert_eq!(doc["results"][0]["bandwidth"]["messages"], 2001, "{extra:?}");
+    }
+    // --histogram: one tagged histogram per size in HdrHistogram's interval-log format.
+    let dir = tempfile::tempdir().unwrap();
+    let h = json_file(&dir, "lat.hlog");
+    ok_pair("write-lat", &["-a", "-n", "20", "--histogram", &h]);
+    let text = std::fs::read_to_string(&h).unwrap();
+    assert_eq!(text.lines().filter(|l| l.starts_with("Tag=size=")).count(), 23, "{text}");
+    assert!(text.contains("HISTEw"), "V2 base64 payloads: {text}");
+    let out = run(&["write-bw", "--histogram", &h, "-p", "19996", "--connect-timeout", "1", &server_addr()]);
+    assert_eq!(out.code, 2, "--histogram is for latency tests: {}", out.stderr);
+    let out = run(&["write-lat", "-e", "-p", "19996", "--connect-timeout", "1", &server_addr()]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("--with-imm"), "{}", out.stderr);
+}

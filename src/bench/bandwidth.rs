@@ -10,18 +10,18 @@
 use crate::bench::link::{Link, SizeRun};
 use crate::bench::pattern;
 use crate::bench::spec::{AtomicOp, Operation, TestSpec};
-use crate::bench::wait::SendWindow;
+use crate::bench::wait::{EVENT_SLICE, SendWindow};
 use crate::error::{Error, Result};
 use crate::session::{Channel, Message, PeerPoll};
 use crate::signals;
 use crate::stats::{PeakMeter, ThroughputSummary};
-use crate::verbs::qp::{check_completion, imm_of};
+use crate::verbs::qp::{CqKind, check_completion, imm_of};
 use crate::verbs::{SendRequest, Transport};
 
 /// Empty polls between looks at the deadline, signals and the control channel.
 const IDLE_POLLS_PER_CHECK: u32 = 1024;
-/// Completion events between heartbeat checks while data flows.
-const EVENTS_PER_HEARTBEAT_CHECK: u32 = 64;
+/// Polls that found completions between heartbeat checks while data flows.
+const POLLS_PER_HEARTBEAT_CHECK: u32 = 64;
 /// On lossy transports the receiver stops counting this long after the last arrival.
 const LOSSY_DRAIN_NS: u64 = 200_000_000;
 
@@ -107,12 +107,13 @@ pub fn client(run: &SizeRun, chan: &mut Channel) -> Result<BandwidthRun> {
     let total = if spec.duration_secs.is_some() { u64::MAX } else { spec.iterations };
     let limit_ns = spec.duration_secs.map(|d| (d * 1e9) as u64);
     let peer = chan.peer().to_string();
+    let events = link.qp.has_events();
 
     let (mut posted, mut completed) = (0u64, 0u64);
     let mut time_up = false;
     let mut posting_done = false;
     let mut idle = 0u32;
-    let mut events = 0u32;
+    let mut completion_polls = 0u32;
     let start = clock.now();
     let mut last_progress = start;
     // With -l, post only whole chains of `post_list` (the last one may be shorter).
@@ -146,6 +147,9 @@ pub fn client(run: &SizeRun, chan: &mut Channel) -> Result<BandwidthRun> {
             link.qp.post_batch(&mut reqs[..batch])?;
         }
 
+        if events {
+            link.qp.arm(CqKind::Send)?;
+        }
         let n = window.reap(link, &peer)?;
         if n > 0 {
             completed += n;
@@ -160,8 +164,8 @@ pub fn client(run: &SizeRun, chan: &mut Channel) -> Result<BandwidthRun> {
                 // The next post is the last and is signalled; none is needed if nothing is unsignalled.
                 posting_done = posting_done || window.unsignaled() == 0;
             }
-            events += 1;
-            if events.is_multiple_of(EVENTS_PER_HEARTBEAT_CHECK) {
+            completion_polls += 1;
+            if completion_polls.is_multiple_of(POLLS_PER_HEARTBEAT_CHECK) {
                 chan.heartbeat_if_due()?;
             }
             if posting_done && completed == posted {
@@ -170,6 +174,11 @@ pub fn client(run: &SizeRun, chan: &mut Channel) -> Result<BandwidthRun> {
             continue;
         }
         idle += 1;
+        if events && window.outstanding() > 0 {
+            // -e: the CQ was armed before the poll that found nothing, so sleeping is safe.
+            link.qp.wait_event(EVENT_SLICE)?;
+            idle = IDLE_POLLS_PER_CHECK;
+        }
         if idle.is_multiple_of(IDLE_POLLS_PER_CHECK) {
             signals::check()?;
             chan.heartbeat_if_due()?;
@@ -249,6 +258,9 @@ fn receive(run: &SizeRun, chan: &mut Channel) -> Result<(u64, Option<String>)> {
     let mut last_progress = clock.now();
     let mut idle = 0u32;
     loop {
+        if link.qp.has_events() {
+            link.qp.arm(CqKind::Recv)?;
+        }
         let n = ring.poll(link)?;
         for k in 0..n {
             let wc = *ring.completion(k);
@@ -276,6 +288,11 @@ fn receive(run: &SizeRun, chan: &mut Channel) -> Result<(u64, Option<String>)> {
             last_progress = clock.now();
         } else {
             idle += 1;
+            if link.qp.has_events() {
+                // Armed before the empty poll: sleeping until the next event is safe.
+                link.qp.wait_event(EVENT_SLICE)?;
+                idle = IDLE_POLLS_PER_CHECK;
+            }
         }
         if let Some(t) = total
             && (received >= t || (lossy && clock.nanos(last_progress, clock.now()) >= LOSSY_DRAIN_NS))

@@ -18,7 +18,7 @@ use crate::bench::wait::{RecvRing, SendWindow, Woke, spin_until};
 use crate::error::{Error, Result};
 use crate::session::{Channel, Message};
 use crate::stats::{Clock, LatencyRecorder};
-use crate::verbs::qp::{check_completion, completions, imm_of};
+use crate::verbs::qp::{CqKind, check_completion, completions, imm_of};
 use crate::verbs::{SendRequest, Transport};
 
 /// Tag of iteration `i`: never 0 (the cleared value) and different from its neighbours.
@@ -156,16 +156,15 @@ impl<'a> PingPong<'a> {
         let link = self.link;
         if let Some(off) = self.tag_offset {
             let expected = tag(i);
-            return Ok(
-                match spin_until(clock, chan, timeout_ns, waiting_for, || link.buf.load_volatile(off) == expected)? {
-                    Woke::Ready => Ok(0),
-                    Woke::Peer(m) => Err(m),
-                },
-            );
+            let arrived = || link.buf.load_volatile(off) == expected;
+            return Ok(match spin_until(clock, chan, timeout_ns, waiting_for, None, arrived)? {
+                Woke::Ready => Ok(0),
+                Woke::Peer(m) => Err(m),
+            });
         }
         let ring = ring.expect("receive-based tests have a receive ring");
         let mut polled = Ok(0);
-        let woke = spin_until(clock, chan, timeout_ns, waiting_for, || {
+        let woke = spin_until(clock, chan, timeout_ns, waiting_for, Some((&link.qp, CqKind::Recv)), || {
             polled = ring.poll(link);
             !matches!(polled, Ok(0))
         })?;
@@ -286,7 +285,8 @@ fn round_trip_client(run: &SizeRun, chan: &mut Channel) -> Result<LatencyRun> {
         let t0 = clock.now();
         link.qp.post(&mut req)?;
         let mut polled = Ok(0);
-        let woke = spin_until(clock, chan, timeout_ns, "an RDMA read or atomic to complete", || {
+        let cq = Some((&link.qp, CqKind::Send));
+        let woke = spin_until(clock, chan, timeout_ns, "an RDMA read or atomic to complete", cq, || {
             polled = link.qp.poll_send(&mut wcs);
             !matches!(polled, Ok(0))
         })?;

@@ -131,7 +131,8 @@ impl Prepared {
         let inline_size = spec.requested_inline().min(max_inline);
         let layout = Layout::new(spec);
         let buf = RegisteredBuf::new(&rdma.pd, layout.total_len())?;
-        let caps = QpCaps { send_depth: spec.tx_depth, recv_depth: layout.rx_depth, inline: inline_size };
+        let caps =
+            QpCaps { send_depth: spec.tx_depth, recv_depth: layout.rx_depth, inline: inline_size, events: spec.events };
         let qp = Qp::create(&rdma, spec.transport, caps)?;
         let rd_atomic = match spec.operation {
             Operation::Read | Operation::Atomic => spec.effective_outstanding_reads(rdma.max_qp_rd_atom),

@@ -79,6 +79,9 @@ pub struct TestSpec {
     pub tx_depth: u32,
     /// Request a completion every `cq_mod` work requests.
     pub cq_mod: u32,
+    /// `-e`: sleep on a completion channel instead of busy-polling the CQs.
+    #[serde(default)]
+    pub events: bool,
     /// `-l`: post work requests in chains of exactly this many (one doorbell each).
     /// `None`: post whatever room the send window has as one chain.
     #[serde(default)]
@@ -121,6 +124,7 @@ impl TestSpec {
             duration_secs: None,
             tx_depth: d.tx_depth,
             cq_mod: 100,
+            events: false,
             post_list: None,
             rx_depth: 512,
             outstanding_reads: None,
@@ -232,6 +236,11 @@ impl TestSpec {
         if self.rx_depth == 0 {
             return Err(Error::Usage(
                 "rx depth 0 is not allowed; use -r 1 or more (up to the device's max_qp_wr)".into(),
+            ));
+        }
+        if self.events && self.measure == Measure::Latency && self.operation == Operation::Write && !self.with_imm {
+            return Err(Error::Usage(
+                "-e waits for completions, but write-lat sees each arrival in memory; use --with-imm with -e".into(),
             ));
         }
         if let Some(l) = self.post_list {

@@ -7,12 +7,14 @@ use crate::error::{Error, Result};
 use crate::session::{Channel, Message, PeerPoll};
 use crate::signals;
 use crate::stats::Clock;
-use crate::verbs::RecvRequest;
-use crate::verbs::qp::{Completion, check_completion, completions};
+use crate::verbs::qp::{Completion, CqKind, check_completion, completions};
+use crate::verbs::{Qp, RecvRequest};
 
 const SPINS_PER_CHECK: u32 = 256;
 /// A wait this long (ns) starts checking the peer and the deadline.
 const IDLE_CHECK_NS: u64 = 1_000_000;
+/// An event-driven wait sleeps at most this long between looks at the peer.
+pub const EVENT_SLICE: std::time::Duration = std::time::Duration::from_millis(20);
 
 pub enum Woke {
     Ready,
@@ -20,17 +22,23 @@ pub enum Woke {
     Peer(Message),
 }
 
-/// Spins until `ready()` is true. Fails with a peer error after `timeout_ns` without it.
+/// Waits until `ready()` is true: by spinning, or, when `cq` names a queue whose QP has a
+/// completion channel (`-e`), by sleeping until that queue reports a completion. Fails
+/// with a peer error after `timeout_ns` without it.
 #[inline(always)]
 pub fn spin_until(
     clock: &Clock,
     chan: &mut Channel,
     timeout_ns: u64,
     waiting_for: &str,
+    cq: Option<(&Qp, CqKind)>,
     mut ready: impl FnMut() -> bool,
 ) -> Result<Woke> {
     if ready() {
         return Ok(Woke::Ready);
+    }
+    if let Some((qp, kind)) = cq.filter(|(qp, _)| qp.has_events()) {
+        return sleep_until(qp, kind, clock, chan, timeout_ns, waiting_for, ready);
     }
     let start = clock.now();
     let mut next_peer_check = IDLE_CHECK_NS;
@@ -44,19 +52,53 @@ pub fn spin_until(
         let waited = clock.nanos(start, clock.now());
         if waited >= next_peer_check {
             next_peer_check = waited + IDLE_CHECK_NS;
-            signals::check()?;
-            if let PeerPoll::Message(m) = chan.poll_peer(waiting_for)? {
-                return Ok(Woke::Peer(m));
-            }
-            if waited >= timeout_ns {
-                return Err(Error::Peer(format!(
-                    "{} made no progress for {:.1} s while this side waited for {waiting_for} (--timeout); it hung or died",
-                    chan.peer(),
-                    timeout_ns as f64 / 1e9
-                )));
+            if let Some(w) = check_peer(chan, waited, timeout_ns, waiting_for)? {
+                return Ok(w);
             }
         }
     }
+}
+
+/// The event-driven wait: arm, look once more (a completion that raced the arming is not
+/// announced), then sleep on the channel in short slices that keep the peer checks.
+fn sleep_until(
+    qp: &Qp,
+    kind: CqKind,
+    clock: &Clock,
+    chan: &mut Channel,
+    timeout_ns: u64,
+    waiting_for: &str,
+    mut ready: impl FnMut() -> bool,
+) -> Result<Woke> {
+    let start = clock.now();
+    loop {
+        qp.arm(kind)?;
+        if ready() {
+            return Ok(Woke::Ready);
+        }
+        if qp.wait_event(EVENT_SLICE)? && ready() {
+            return Ok(Woke::Ready);
+        }
+        if let Some(w) = check_peer(chan, clock.nanos(start, clock.now()), timeout_ns, waiting_for)? {
+            return Ok(w);
+        }
+    }
+}
+
+/// Signals, a message or loss of the peer, and the deadline, for a wait that ran `waited` ns.
+fn check_peer(chan: &mut Channel, waited: u64, timeout_ns: u64, waiting_for: &str) -> Result<Option<Woke>> {
+    signals::check()?;
+    if let PeerPoll::Message(m) = chan.poll_peer(waiting_for)? {
+        return Ok(Some(Woke::Peer(m)));
+    }
+    if waited >= timeout_ns {
+        return Err(Error::Peer(format!(
+            "{} made no progress for {:.1} s while this side waited for {waiting_for} (--timeout); it hung or died",
+            chan.peer(),
+            timeout_ns as f64 / 1e9
+        )));
+    }
+    Ok(None)
 }
 
 /// Tracks outstanding send work requests with selective signalling: every
@@ -127,7 +169,8 @@ impl SendWindow {
         while !self.has_room() {
             let mut err = None;
             let peer = chan.peer().to_string();
-            let woke = spin_until(clock, chan, timeout_ns, "send completions", || match self.reap(link, &peer) {
+            let cq = Some((&link.qp, CqKind::Send));
+            let woke = spin_until(clock, chan, timeout_ns, "send completions", cq, || match self.reap(link, &peer) {
                 Ok(n) => n > 0,
                 Err(e) => {
                     err = Some(e);

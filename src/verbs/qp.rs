@@ -5,16 +5,18 @@
 //! through a per-post builder.
 
 use std::ffi::CStr;
+use std::os::fd::AsRawFd;
 use std::ptr::{NonNull, null_mut};
 use std::sync::Arc;
 
 use rdma_mummy_sys::{
-    ibv_ah, ibv_ah_attr, ibv_cq, ibv_create_ah, ibv_destroy_ah, ibv_gid, ibv_global_route, ibv_modify_qp, ibv_poll_cq,
-    ibv_post_recv, ibv_post_send, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_state, ibv_recv_wr, ibv_send_flags,
-    ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status_str, ibv_wr_opcode,
+    ibv_ack_cq_events, ibv_ah, ibv_ah_attr, ibv_cq, ibv_create_ah, ibv_destroy_ah, ibv_get_cq_event, ibv_gid,
+    ibv_global_route, ibv_modify_qp, ibv_poll_cq, ibv_post_recv, ibv_post_send, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask,
+    ibv_qp_state, ibv_recv_wr, ibv_req_notify_cq, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status_str,
+    ibv_wr_opcode,
 };
 use serde::{Deserialize, Serialize};
-use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionQueue};
+use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, CompletionQueue};
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{BasicQueuePair, QueuePair, QueuePairType};
 
@@ -69,17 +71,29 @@ pub struct QpCaps {
     pub send_depth: u32,
     pub recv_depth: u32,
     pub inline: u32,
+    /// Attach both CQs to a completion channel, so waits can sleep until a completion.
+    pub events: bool,
+}
+
+/// Which of a QP's completion queues a wait is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CqKind {
+    Send,
+    Recv,
 }
 
 pub struct Qp {
-    // Drop order: the QP before the CQs it reports to.
+    // Drop order: the QP before the CQs it reports to. The CQ owners are held only so the
+    // raw handles below stay valid.
     qp: BasicQueuePair,
-    send_cq: Arc<BasicCompletionQueue>,
-    recv_cq: Arc<BasicCompletionQueue>,
+    _send_cq: Arc<BasicCompletionQueue>,
+    _recv_cq: Arc<BasicCompletionQueue>,
     raw_qp: NonNull<ibv_qp>,
     raw_send_cq: NonNull<ibv_cq>,
     raw_recv_cq: NonNull<ibv_cq>,
     ah: Option<AddressHandle>,
+    // The CQs hold it too; kept here for its file descriptor.
+    channel: Option<Arc<CompletionChannel>>,
     pub transport: Transport,
     pub psn: u32,
 }
@@ -88,8 +102,13 @@ fn os_text<E: std::error::Error>(e: &E) -> String {
     std::error::Error::source(e).map(|s| s.to_string()).unwrap_or_else(|| e.to_string())
 }
 
-fn cq(rdma: &Rdma, entries: u32) -> Result<Arc<BasicCompletionQueue>> {
-    rdma.ctx.create_cq_builder().setup_cqe(entries).build().map_err(|e| {
+fn cq(rdma: &Rdma, entries: u32, channel: Option<&Arc<CompletionChannel>>) -> Result<Arc<BasicCompletionQueue>> {
+    let mut builder = rdma.ctx.create_cq_builder();
+    builder.setup_cqe(entries);
+    if let Some(ch) = channel {
+        builder.setup_comp_channel(ch, 0);
+    }
+    builder.build().map_err(|e| {
         Error::Environment(format!(
             "cannot create a CQ of {entries} entries on {}: {} (device max_cqe {})",
             rdma.name(),
@@ -102,8 +121,15 @@ fn cq(rdma: &Rdma, entries: u32) -> Result<Arc<BasicCompletionQueue>> {
 impl Qp {
     /// Creates a QP of `transport` with its own send and receive CQs.
     pub fn create(rdma: &Rdma, transport: Transport, caps: QpCaps) -> Result<Qp> {
-        let send_cq = cq(rdma, caps.send_depth + 1)?;
-        let recv_cq = cq(rdma, caps.recv_depth + 1)?;
+        let channel = if caps.events {
+            Some(rdma.ctx.create_comp_channel().map_err(|e| {
+                Error::Environment(format!("cannot create a completion channel on {}: {}", rdma.name(), os_text(&e)))
+            })?)
+        } else {
+            None
+        };
+        let send_cq = cq(rdma, caps.send_depth + 1, channel.as_ref())?;
+        let recv_cq = cq(rdma, caps.recv_depth + 1, channel.as_ref())?;
         let qp = build_qp(&rdma.pd, transport, &send_cq, &recv_cq, caps).map_err(|os| {
             Error::Environment(format!(
                 "cannot create a {} QP on {} (send queue {}, receive queue {}, inline {} B): {os}",
@@ -116,15 +142,26 @@ impl Qp {
         })?;
         // SAFETY: the handles live as long as `self` (their owners are fields).
         let (raw_qp, raw_send_cq, raw_recv_cq) = unsafe { (qp.qp(), send_cq.cq(), recv_cq.cq()) };
-        Ok(Qp { qp, send_cq, recv_cq, raw_qp, raw_send_cq, raw_recv_cq, ah: None, transport, psn: random_psn() })
+        Ok(Qp {
+            qp,
+            _send_cq: send_cq,
+            _recv_cq: recv_cq,
+            raw_qp,
+            raw_send_cq,
+            raw_recv_cq,
+            ah: None,
+            channel,
+            transport,
+            psn: random_psn(),
+        })
     }
 
     /// The largest inline size the device accepts for this transport (binary search over
     /// QP creation; the C API offers no query for it).
     pub fn probe_max_inline(rdma: &Rdma, transport: Transport) -> Result<u32> {
-        let send_cq = cq(rdma, 2)?;
-        let recv_cq = cq(rdma, 2)?;
-        let caps = |inline| QpCaps { send_depth: 1, recv_depth: 1, inline };
+        let send_cq = cq(rdma, 2, None)?;
+        let recv_cq = cq(rdma, 2, None)?;
+        let caps = |inline| QpCaps { send_depth: 1, recv_depth: 1, inline, events: false };
         if let Err(os) = build_qp(&rdma.pd, transport, &send_cq, &recv_cq, caps(0)) {
             return Err(Error::Environment(format!(
                 "cannot create any {} QP on {}: {os}",
@@ -302,9 +339,48 @@ impl Qp {
         poll(self.raw_recv_cq, wcs)
     }
 
-    /// The CQ owners, for code that needs them (completion channels).
-    pub fn cqs(&self) -> (&Arc<BasicCompletionQueue>, &Arc<BasicCompletionQueue>) {
-        (&self.send_cq, &self.recv_cq)
+    /// Whether the CQs report to a completion channel (`-e`).
+    pub fn has_events(&self) -> bool {
+        self.channel.is_some()
+    }
+
+    /// Asks for an event at the next completion on `kind`'s CQ. Poll once more after
+    /// arming: a completion that arrived just before is not announced.
+    pub fn arm(&self, kind: CqKind) -> Result<()> {
+        let cq = match kind {
+            CqKind::Send => self.raw_send_cq,
+            CqKind::Recv => self.raw_recv_cq,
+        };
+        // SAFETY: the CQ is alive and attached to our channel.
+        let rc = unsafe { ibv_req_notify_cq(cq.as_ptr(), 0) };
+        if rc != 0 {
+            return Err(Error::Environment(format!(
+                "ibv_req_notify_cq failed: {}",
+                std::io::Error::from_raw_os_error(rc)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sleeps until a completion event arrives or `wait` passes; true when one arrived
+    /// (it is acknowledged at once).
+    pub fn wait_event(&self, wait: std::time::Duration) -> Result<bool> {
+        let Some(ch) = &self.channel else { return Ok(false) };
+        let mut pfd = libc::pollfd { fd: ch.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, wait.as_millis().min(i32::MAX as u128) as i32) };
+        if n <= 0 {
+            return Ok(false);
+        }
+        let mut cq: *mut ibv_cq = null_mut();
+        let mut ctx: *mut std::ffi::c_void = null_mut();
+        // SAFETY: the channel is alive and readable, so this does not block.
+        if unsafe { ibv_get_cq_event(ch.comp_channel().as_ptr(), &mut cq, &mut ctx) } != 0 {
+            return Ok(false);
+        }
+        // SAFETY: acknowledging the one event just taken from this CQ.
+        unsafe { ibv_ack_cq_events(cq, 1) };
+        Ok(true)
     }
 }
 
