@@ -127,6 +127,9 @@ pub struct TestArgs {
     /// Default: whatever room the send window has, as one chain.
     #[arg(short = 'l', long = "post-list", visible_alias = "post_list")]
     pub post_list: Option<u32>,
+    /// Bidirectional: both sides send at once (bandwidth tests); both directions are reported.
+    #[arg(short = 'b', long = "bidirectional")]
+    pub bidirectional: bool,
     /// Sleep on a completion channel instead of busy-polling (less CPU, more latency).
     #[arg(short = 'e', long = "events")]
     pub events: bool,
@@ -188,6 +191,7 @@ impl TestArgs {
             cq_mod: self.cq_mod.or(self.post_list).unwrap_or(d.cq_mod),
             post_list: self.post_list,
             events: self.events,
+            bidirectional: self.bidirectional,
             inline_size: self.inline,
             mtu: self.mtu,
             validate_data: self.validate_data,
@@ -212,13 +216,14 @@ impl TestArgs {
     /// Test flags given to a server, which ignores them in favour of the client's spec.
     pub fn test_flags_given(&self) -> Vec<&'static str> {
         let mut v = Vec::new();
-        let flags: [(&'static str, bool); 15] = [
+        let flags: [(&'static str, bool); 16] = [
             ("-c", self.transport != Transport::Rc),
             ("-r", self.rx_depth != 512),
             ("--with-imm", self.with_imm),
             ("-o", self.outstanding_reads.is_some()),
             ("-l", self.post_list.is_some()),
             ("-e", self.events),
+            ("-b", self.bidirectional),
             ("-s", self.size.is_some()),
             ("-a", self.all),
             ("-n", self.iterations.is_some()),

@@ -529,3 +529,30 @@ fn lab_events_post_lists_cpu_util_and_histogram() {
     assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(out.stderr.contains("--with-imm"), "{}", out.stderr);
 }
+
+#[test]
+fn lab_bidirectional_bandwidth_reports_both_directions() {
+    for (test, extra) in [
+        ("write-bw", &["--validate-data", "-s", "4096"][..]),
+        ("write-bw", &["--with-imm", "-s", "4096"]),
+        ("read-bw", &["--validate-data", "-s", "4096"]),
+        ("send-bw", &["--validate-data", "-s", "4096"]),
+        ("send-bw", &["-c", "UD", "-s", "1024"]),
+        ("atomic-bw", &[]),
+        ("write-bw", &["-e", "-s", "4096"]),
+    ] {
+        let mut args = vec!["-b", "-n", "400", "--json", "-"];
+        args.extend_from_slice(extra);
+        let what = format!("{test} {args:?}");
+        let (c, s) = ok_pair(test, &args);
+        let doc = valid_doc(&c.stdout);
+        let r = &doc["results"][0];
+        assert_eq!(r["bandwidth"]["messages"], 400, "{what}");
+        let rev = &r["reverse_bandwidth"];
+        assert_eq!(rev["messages"], 400, "{what}: the server sent as many: {rev}");
+        assert!(rev["avg_bytes_per_sec"].as_f64().unwrap() > 0.0, "{what}");
+        assert!(c.stderr.contains("(both directions)") && s.stdout.contains("(both directions)"), "{what}");
+    }
+    let out = run(&["write-lat", "-b", "-p", "19995", "--connect-timeout", "1", &server_addr()]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+}

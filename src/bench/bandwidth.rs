@@ -10,7 +10,7 @@
 use crate::bench::link::{Link, SizeRun};
 use crate::bench::pattern;
 use crate::bench::spec::{AtomicOp, Operation, TestSpec};
-use crate::bench::wait::{EVENT_SLICE, SendWindow};
+use crate::bench::wait::{EVENT_SLICE, RecvRing, SendWindow};
 use crate::error::{Error, Result};
 use crate::session::{Channel, Message, PeerPoll};
 use crate::signals;
@@ -92,142 +92,329 @@ fn aim(req: &mut SendRequest, link: &Link, spec: &TestSpec, size: u64, m: u64) {
     }
 }
 
-pub fn client(run: &SizeRun, chan: &mut Channel) -> Result<BandwidthRun> {
-    let SizeRun { link, spec, size, clock, timeout_ns } = *run;
-    let l = &link.layout;
-    // A validated payload's source slot is reused only after its message completed.
-    let reuses_sources = spec.validate_data && matches!(spec.operation, Operation::Write | Operation::Send);
-    let depth = if reuses_sources { spec.tx_depth.min(l.send_slots as u32) } else { spec.tx_depth };
-    let cq_mod = spec.effective_cq_mod().min(depth);
-    let mut window = SendWindow::new(depth, cq_mod);
-    // Ten completion batches per window bounds a batch's effect on the peak to 10 %.
-    let mut peak = PeakMeter::new((depth as u64).max(10 * cq_mod as u64));
-    let mut reqs: Vec<SendRequest> = (0..depth).map(|_| request(link, spec, size)).collect();
-    let inline = size <= link.inline_size as u64 && spec.has_payload() && spec.operation != Operation::Read;
-    let total = if spec.duration_secs.is_some() { u64::MAX } else { spec.iterations };
-    let limit_ns = spec.duration_secs.map(|d| (d * 1e9) as u64);
-    let peer = chan.peer().to_string();
-    let events = link.qp.has_events();
+/// This side's sending half: posts operations through the window and times them.
+struct Sender<'a> {
+    run: SizeRun<'a>,
+    window: SendWindow,
+    reqs: Vec<SendRequest>,
+    peak: PeakMeter,
+    depth: u32,
+    chain: u64,
+    inline: bool,
+    total: u64,
+    limit_ns: Option<u64>,
+    posted: u64,
+    completed: u64,
+    time_up: bool,
+    posting_done: bool,
+    start: u64,
+    last_completion: u64,
+}
 
-    let (mut posted, mut completed) = (0u64, 0u64);
-    let mut time_up = false;
-    let mut posting_done = false;
-    let mut idle = 0u32;
-    let mut completion_polls = 0u32;
-    let start = clock.now();
-    let mut last_progress = start;
-    // With -l, post only whole chains of `post_list` (the last one may be shorter).
-    let chain = spec.post_list.unwrap_or(1) as u64;
-    loop {
-        let mut batch = 0;
-        let room = (depth - window.outstanding()) as u64;
-        let remaining = total.saturating_sub(posted);
-        let wanted = if time_up { 1 } else { chain.min(remaining) };
+impl<'a> Sender<'a> {
+    fn new(run: &SizeRun<'a>) -> Sender<'a> {
+        let SizeRun { link, spec, size, clock, .. } = *run;
+        let l = &link.layout;
+        // A validated payload's source slot is reused only after its message completed.
+        let reuses_sources = spec.validate_data && matches!(spec.operation, Operation::Write | Operation::Send);
+        let depth = if reuses_sources { spec.tx_depth.min(l.send_slots as u32) } else { spec.tx_depth };
+        let cq_mod = spec.effective_cq_mod().min(depth);
+        let start = clock.now();
+        Sender {
+            run: *run,
+            window: SendWindow::new(depth, cq_mod),
+            reqs: (0..depth).map(|_| request(link, spec, size)).collect(),
+            // Ten completion batches per window bounds a batch's effect on the peak to 10 %.
+            peak: PeakMeter::new((depth as u64).max(10 * cq_mod as u64)),
+            depth,
+            // With -l, post only whole chains of `post_list` (the last one may be shorter).
+            chain: spec.post_list.unwrap_or(1) as u64,
+            inline: size <= link.inline_size as u64 && spec.has_payload() && spec.operation != Operation::Read,
+            total: if spec.duration_secs.is_some() { u64::MAX } else { spec.iterations },
+            limit_ns: spec.duration_secs.map(|d| (d * 1e9) as u64),
+            posted: 0,
+            completed: 0,
+            time_up: false,
+            posting_done: false,
+            start,
+            last_completion: start,
+        }
+    }
+
+    /// Posts whatever the window (and the post-list length) allows.
+    #[inline(always)]
+    fn post(&mut self) -> Result<()> {
+        let SizeRun { link, spec, size, .. } = self.run;
+        let (chain, depth) = (self.chain, self.depth as u64);
+        let room = depth - self.window.outstanding() as u64;
+        let remaining = self.total.saturating_sub(self.posted);
+        let wanted = if self.time_up { 1 } else { chain.min(remaining) };
         let postable = if room >= wanted { room - room % chain.min(wanted).max(1) } else { 0 };
-        while !posting_done && (batch as u64) < postable {
-            let last = posted + 1 == total || time_up;
+        let mut batch = 0;
+        while !self.posting_done && (batch as u64) < postable {
+            let last = self.posted + 1 == self.total || self.time_up;
             // A chain that leaves no room for the next one must ask for a completion, or
             // the window could wait for completions nobody requested.
             let ends_chain = (batch as u64 + 1).is_multiple_of(chain);
-            let starves = ends_chain && (window.outstanding() as u64 + 1 + chain) > depth as u64;
-            let req = &mut reqs[batch];
-            aim(req, link, spec, size, posted);
-            let (signaled, id) = window.on_post(last || starves);
-            req.set_flags(signaled, inline);
+            let starves = ends_chain && (self.window.outstanding() as u64 + 1 + chain) > depth;
+            let req = &mut self.reqs[batch];
+            aim(req, link, spec, size, self.posted);
+            let (signaled, id) = self.window.on_post(last || starves);
+            req.set_flags(signaled, self.inline);
             req.set_wr_id(id);
             batch += 1;
-            posted += 1;
-            posting_done = last;
+            self.posted += 1;
+            self.posting_done = last;
         }
         if spec.post_list.is_some() {
-            for chunk in reqs[..batch].chunks_mut(chain as usize) {
+            for chunk in self.reqs[..batch].chunks_mut(chain as usize) {
                 link.qp.post_batch(chunk)?;
             }
+            Ok(())
         } else {
-            link.qp.post_batch(&mut reqs[..batch])?;
+            link.qp.post_batch(&mut self.reqs[..batch])
         }
+    }
 
-        if events {
-            link.qp.arm(CqKind::Send)?;
-        }
-        let n = window.reap(link, &peer)?;
+    /// Takes the completions that arrived; returns how many operations completed.
+    #[inline(always)]
+    fn reap(&mut self, peer: &str) -> Result<u64> {
+        let n = self.window.reap(self.run.link, peer)?;
         if n > 0 {
-            completed += n;
-            last_progress = clock.now();
-            let t = clock.nanos(start, last_progress);
-            peak.observe(t, completed);
-            if let Some(limit) = limit_ns
-                && !time_up
+            let clock = self.run.clock;
+            self.completed += n;
+            self.last_completion = clock.now();
+            let t = clock.nanos(self.start, self.last_completion);
+            self.peak.observe(t, self.completed);
+            if let Some(limit) = self.limit_ns
+                && !self.time_up
                 && t >= limit
             {
-                time_up = true;
+                self.time_up = true;
                 // The next post is the last and is signalled; none is needed if nothing is unsignalled.
-                posting_done = posting_done || window.unsignaled() == 0;
+                self.posting_done = self.posting_done || self.window.unsignaled() == 0;
             }
-            completion_polls += 1;
-            if completion_polls.is_multiple_of(POLLS_PER_HEARTBEAT_CHECK) {
+        }
+        Ok(n)
+    }
+
+    fn finished(&self) -> bool {
+        self.posting_done && self.completed == self.posted
+    }
+
+    fn summary(&self) -> ThroughputSummary {
+        let elapsed = self.run.clock.nanos(self.start, self.last_completion);
+        ThroughputSummary::new(self.run.size, self.completed, elapsed, self.peak.peak_msgs_per_sec())
+    }
+}
+
+/// This side's receiving half (send and write-with-immediate tests): counts and checks
+/// every arrival and keeps the receive queue stocked.
+struct Receiver<'a> {
+    run: SizeRun<'a>,
+    ring: std::cell::RefMut<'a, Option<RecvRing>>,
+    lossy: bool,
+    received: u64,
+    next_index: u64,
+    data_error: Option<String>,
+    last_arrival: u64,
+}
+
+impl<'a> Receiver<'a> {
+    fn new(run: &SizeRun<'a>) -> Receiver<'a> {
+        Receiver {
+            run: *run,
+            ring: run.link.receives.borrow_mut(),
+            lossy: run.spec.transport != Transport::Rc,
+            received: 0,
+            next_index: 0,
+            data_error: None,
+            last_arrival: run.clock.now(),
+        }
+    }
+
+    #[inline(always)]
+    fn poll(&mut self, peer: &str) -> Result<usize> {
+        let SizeRun { link, spec, size, clock, .. } = self.run;
+        let ring = self.ring.as_mut().expect("receive-based tests have a receive ring");
+        let n = ring.poll(link)?;
+        for k in 0..n {
+            let wc = *ring.completion(k);
+            check_completion(&wc, peer)?;
+            let index = if spec.with_imm { imm_of(&wc) as u64 } else { self.next_index };
+            if self.data_error.is_none() && spec.with_imm && !self.lossy && index != self.next_index {
+                self.data_error = Some(format!("immediate {index} arrived where {} was due", self.next_index));
+            }
+            if self.data_error.is_none() && spec.validate_data && spec.operation == Operation::Send {
+                let at = (link.layout.recv_at(ring.slot_of(link, &wc)) + link.layout.recv_payload) as usize;
+                // SAFETY: this receive completed and is reposted only after the check.
+                let body = unsafe { link.buf.bytes(at, size as usize) };
+                match pattern::check_stamped(body, self.next_index) {
+                    Ok(i) => self.next_index = i,
+                    Err(e) => self.data_error = Some(e),
+                }
+            } else {
+                self.next_index = index;
+            }
+            self.next_index += 1;
+            self.received += 1;
+        }
+        if n > 0 {
+            ring.release(link, n)?;
+            self.last_arrival = clock.now();
+        }
+        Ok(n)
+    }
+
+    /// Everything the peer sent has arrived; on UC and UD, or the line has gone quiet.
+    fn finished(&self, peer_total: u64) -> bool {
+        let clock = self.run.clock;
+        self.received >= peer_total || (self.lossy && clock.nanos(self.last_arrival, clock.now()) >= LOSSY_DRAIN_NS)
+    }
+}
+
+/// What one side did in a bandwidth run.
+pub struct SideOutcome {
+    /// This side's sending direction, when it sent.
+    pub sent: Option<BandwidthRun>,
+    /// Messages the peer says it sent (from its `Done`), when it sent.
+    pub peer_total: Option<u64>,
+    /// Messages that arrived here (send and write-with-immediate tests).
+    pub received: Option<u64>,
+    pub data_error: Option<String>,
+}
+
+/// Runs this side's halves until both are finished: its own sends all completed (then,
+/// when `announce`, it tells the peer with `Done`), and, when the peer sends too, the
+/// peer's `Done` has come and its messages have arrived.
+fn drive(run: &SizeRun, chan: &mut Channel, send: bool, peer_sends: bool, announce: bool) -> Result<SideOutcome> {
+    let SizeRun { link, spec, size, clock, timeout_ns } = *run;
+    let peer = chan.peer().to_string();
+    let mut sender = send.then(|| Sender::new(run));
+    let mut receiver = (peer_sends && spec.uses_receives()).then(|| Receiver::new(run));
+    let events = link.qp.has_events();
+    let mut peer_total: Option<u64> = None;
+    let mut announced = !announce;
+    let mut idle = 0u32;
+    let mut busy = 0u32;
+    let mut last_progress = clock.now();
+    loop {
+        let mut progress = 0;
+        if let Some(s) = sender.as_mut() {
+            s.post()?;
+            if events {
+                link.qp.arm(CqKind::Send)?;
+            }
+            progress += s.reap(&peer)?;
+            if !announced && s.finished() {
+                chan.send(&Message::Done { size, iterations: s.completed })?;
+                announced = true;
+            }
+        }
+        if let Some(r) = receiver.as_mut() {
+            if events {
+                link.qp.arm(CqKind::Recv)?;
+            }
+            progress += r.poll(&peer)? as u64;
+        }
+        let mine_done = sender.as_ref().is_none_or(|s| s.finished()) && announced;
+        let theirs_done = !peer_sends || peer_total.is_some_and(|t| receiver.as_ref().is_none_or(|r| r.finished(t)));
+        if mine_done && theirs_done {
+            break;
+        }
+        if progress > 0 {
+            last_progress = clock.now();
+            busy += 1;
+            if busy.is_multiple_of(POLLS_PER_HEARTBEAT_CHECK) {
                 chan.heartbeat_if_due()?;
-            }
-            if posting_done && completed == posted {
-                break;
             }
             continue;
         }
         idle += 1;
-        if events && window.outstanding() > 0 {
-            // -e: the CQ was armed before the poll that found nothing, so sleeping is safe.
+        if events {
+            // Both CQs were armed before the polls that found nothing: sleeping is safe.
             link.qp.wait_event(EVENT_SLICE)?;
             idle = IDLE_POLLS_PER_CHECK;
         }
         if idle.is_multiple_of(IDLE_POLLS_PER_CHECK) {
             signals::check()?;
             chan.heartbeat_if_due()?;
-            if let PeerPoll::Message(m) = chan.poll_peer("the bandwidth run")? {
-                return Err(Error::Peer(format!("{peer} sent {} in the middle of the run", m.kind())));
+            match chan.poll_peer("the bandwidth run")? {
+                PeerPoll::Quiet => {}
+                PeerPoll::Message(Message::Done { size: s, iterations }) if peer_sends && s == size => {
+                    peer_total = Some(iterations);
+                    last_progress = clock.now();
+                }
+                PeerPoll::Message(m) => {
+                    return Err(Error::Peer(format!("{peer} sent {} in the middle of the run", m.kind())));
+                }
             }
             if clock.nanos(last_progress, clock.now()) >= timeout_ns {
+                let so_far =
+                    sender.as_ref().map_or(String::new(), |s| format!("{} of {} sent; ", s.completed, s.posted));
+                let got = receiver.as_ref().map_or(String::new(), |r| format!("{} received; ", r.received));
                 return Err(Error::Peer(format!(
-                    "no operation completed for {:.1} s ({completed} of {posted} done; --timeout): {peer} hung or died",
+                    "nothing moved for {:.1} s ({so_far}{got}--timeout): {peer} hung or died",
                     timeout_ns as f64 / 1e9
                 )));
             }
         }
     }
-    if spec.operation == Operation::Read && spec.validate_data {
-        // Every landing slot holds the pattern of the remote slot it was read from.
-        for slot in 0..l.recv_slots.min(completed) {
-            // SAFETY: all reads completed.
-            let got = unsafe { link.buf.bytes(l.recv_at(slot) as usize, size as usize) };
-            if let Some(off) = pattern::first_mismatch(got, slot % l.send_slots) {
-                return Err(Error::Check(format!("read data from {peer} is wrong in slot {slot}, byte {off}")));
-            }
-        }
+    let sent = sender.map(|s| BandwidthRun { summary: s.summary(), iterations: s.completed });
+    if let Some(s) = &sent {
+        check_read_slots(run, s.iterations, &peer)?;
     }
-    let elapsed = clock.nanos(start, last_progress);
-    Ok(BandwidthRun {
-        summary: ThroughputSummary::new(size, completed, elapsed, peak.peak_msgs_per_sec()),
-        iterations: completed,
-    })
+    let (received, data_error) = match receiver {
+        Some(r) => (Some(r.received), r.data_error),
+        None => (None, None),
+    };
+    Ok(SideOutcome { sent, peer_total, received, data_error })
 }
 
-/// The server side of one size: (messages it saw, first data error).
-pub fn server(run: &SizeRun, chan: &mut Channel) -> Result<(u64, Option<String>)> {
+/// After reads: every landing slot holds the pattern of the remote slot it was read from.
+fn check_read_slots(run: &SizeRun, completed: u64, peer: &str) -> Result<()> {
     let SizeRun { link, spec, size, .. } = *run;
-    let (iterations, mut data_error) = if spec.uses_receives() {
-        receive(run, chan)?
+    if spec.operation != Operation::Read || !spec.validate_data {
+        return Ok(());
+    }
+    let l = &link.layout;
+    for slot in 0..l.recv_slots.min(completed) {
+        // SAFETY: all reads completed.
+        let got = unsafe { link.buf.bytes(l.recv_at(slot) as usize, size as usize) };
+        if let Some(off) = pattern::first_mismatch(got, slot % l.send_slots) {
+            return Err(Error::Check(format!("read data from {peer} is wrong in slot {slot}, byte {off}")));
+        }
+    }
+    Ok(())
+}
+
+/// The client's part: send, and with `-b` also take the server's traffic. Without `-b`
+/// the runner sends `Done` afterwards; with it, `drive` does as soon as sending ends.
+pub fn client(run: &SizeRun, chan: &mut Channel) -> Result<SideOutcome> {
+    let both = run.spec.bidirectional;
+    drive(run, chan, true, both, both)
+}
+
+/// The server side of one size: (messages it saw, first data error, its own direction
+/// with `-b`).
+pub fn server(run: &SizeRun, chan: &mut Channel) -> Result<(u64, Option<String>, Option<ThroughputSummary>)> {
+    let SizeRun { link, spec, size, .. } = *run;
+    let outcome = if spec.bidirectional || spec.uses_receives() {
+        drive(run, chan, spec.bidirectional, true, spec.bidirectional)?
     } else {
+        // Passive: nothing to poll, so sleep in the channel until the client's `Done`.
         match chan.recv("the end of the bandwidth run")? {
-            Message::Done { size: s, iterations } if s == size => (iterations, None),
+            Message::Done { size: s, iterations } if s == size => {
+                SideOutcome { sent: None, peer_total: Some(iterations), received: None, data_error: None }
+            }
             other => return Err(Error::Peer(format!("{} sent {} instead of done", chan.peer(), other.kind()))),
         }
     };
-    if data_error.is_none() {
-        data_error = crate::bench::latency::atomic_counter_error(run, iterations);
-    }
-    if data_error.is_none() && spec.validate_data && spec.operation == Operation::Write {
-        data_error = check_write_slots(link, size, iterations);
-    }
-    Ok((iterations, data_error))
+    let peer_total = outcome.peer_total.unwrap_or(0);
+    let seen = outcome.received.unwrap_or(peer_total);
+    let data_error = outcome.data_error.or_else(|| landed_data_error(run, peer_total));
+    let _ = link;
+    Ok((seen, data_error, outcome.sent.map(|s| s.summary)))
 }
 
 /// The last message written to every receive slot must be intact.
@@ -235,7 +422,7 @@ fn check_write_slots(link: &Link, size: u64, iterations: u64) -> Option<String> 
     let l = &link.layout;
     for slot in 0..l.recv_slots.min(iterations) {
         let last = slot + ((iterations - 1 - slot) / l.recv_slots) * l.recv_slots;
-        // SAFETY: the client finished: nothing writes this memory any more.
+        // SAFETY: the peer finished: nothing writes this memory any more.
         let body = unsafe { link.buf.bytes(l.recv_at(slot) as usize, size as usize) };
         if let Some(b) = pattern::first_mismatch(body, last) {
             return Some(format!("data mismatch in message {last} (slot {slot}), byte {b} of a {size}-byte message"));
@@ -244,81 +431,13 @@ fn check_write_slots(link: &Link, size: u64, iterations: u64) -> Option<String> 
     None
 }
 
-/// Counts and checks arrivals until the client's `Done` and its last message. On UC and
-/// UD messages may be lost: then the count is what arrived before the line went quiet.
-fn receive(run: &SizeRun, chan: &mut Channel) -> Result<(u64, Option<String>)> {
-    let SizeRun { link, spec, size, clock, timeout_ns } = *run;
-    let lossy = spec.transport != Transport::Rc;
-    let mut ring_ref = link.receives.borrow_mut();
-    let ring = ring_ref.as_mut().expect("receive-based tests have a receive ring");
-    let peer = chan.peer().to_string();
-    let (mut received, mut next_index) = (0u64, 0u64);
-    let mut data_error: Option<String> = None;
-    let mut total: Option<u64> = None;
-    let mut last_progress = clock.now();
-    let mut idle = 0u32;
-    loop {
-        if link.qp.has_events() {
-            link.qp.arm(CqKind::Recv)?;
-        }
-        let n = ring.poll(link)?;
-        for k in 0..n {
-            let wc = *ring.completion(k);
-            check_completion(&wc, &peer)?;
-            let index = if spec.with_imm { imm_of(&wc) as u64 } else { next_index };
-            if data_error.is_none() && spec.with_imm && !lossy && index != next_index {
-                data_error = Some(format!("immediate {index} arrived where {next_index} was due"));
-            }
-            if data_error.is_none() && spec.validate_data && spec.operation == Operation::Send {
-                let at = (link.layout.recv_at(ring.slot_of(link, &wc)) + link.layout.recv_payload) as usize;
-                // SAFETY: this receive completed and is reposted only after the check.
-                let body = unsafe { link.buf.bytes(at, size as usize) };
-                match pattern::check_stamped(body, next_index) {
-                    Ok(i) => next_index = i,
-                    Err(e) => data_error = Some(e),
-                }
-            } else {
-                next_index = index;
-            }
-            next_index += 1;
-            received += 1;
-        }
-        if n > 0 {
-            ring.release(link, n)?;
-            last_progress = clock.now();
-        } else {
-            idle += 1;
-            if link.qp.has_events() {
-                // Armed before the empty poll: sleeping until the next event is safe.
-                link.qp.wait_event(EVENT_SLICE)?;
-                idle = IDLE_POLLS_PER_CHECK;
-            }
-        }
-        if let Some(t) = total
-            && (received >= t || (lossy && clock.nanos(last_progress, clock.now()) >= LOSSY_DRAIN_NS))
-        {
-            return Ok((received, data_error));
-        }
-        if n == 0 && idle.is_multiple_of(IDLE_POLLS_PER_CHECK) {
-            signals::check()?;
-            if total.is_none() {
-                match chan.poll_peer("the bandwidth run")? {
-                    PeerPoll::Message(Message::Done { size: s, iterations }) if s == size => {
-                        total = Some(iterations);
-                        last_progress = clock.now();
-                    }
-                    PeerPoll::Message(m) => {
-                        return Err(Error::Peer(format!("{peer} sent {} in the middle of the run", m.kind())));
-                    }
-                    PeerPoll::Quiet => {}
-                }
-            }
-            if clock.nanos(last_progress, clock.now()) >= timeout_ns {
-                return Err(Error::Peer(format!(
-                    "nothing arrived for {:.1} s ({received} messages so far; --timeout): {peer} hung or died",
-                    timeout_ns as f64 / 1e9
-                )));
-            }
-        }
-    }
+/// Checks what the peer's one-sided operations left in this side's memory: the atomic
+/// counter, and the last message written to every receive slot.
+pub fn landed_data_error(run: &SizeRun, peer_total: u64) -> Option<String> {
+    let SizeRun { link, spec, size, .. } = *run;
+    crate::bench::latency::atomic_counter_error(run, peer_total).or_else(|| {
+        (spec.validate_data && spec.operation == Operation::Write)
+            .then(|| check_write_slots(link, size, peer_total))
+            .flatten()
+    })
 }

@@ -163,15 +163,25 @@ fn measure_size(run: &SizeRun, chan: &mut Channel, cpu_util: bool) -> Result<(Si
             (lat.iterations, lat.elapsed_ns, Some(result), None)
         }
         Measure::Bandwidth => {
-            let bw = bandwidth::client(run, chan)?;
+            let side = bandwidth::client(run, chan)?;
+            if spec.bidirectional {
+                // The server's traffic landed here: check it like the server checks ours.
+                let theirs = side.peer_total.unwrap_or(0);
+                if let Some(e) = side.data_error.or_else(|| bandwidth::landed_data_error(run, theirs)) {
+                    return Err(Error::Check(format!("corrupted data from {}: {e}", chan.peer())));
+                }
+            }
+            let bw = side.sent.expect("the client always sends");
             (bw.iterations, bw.summary.elapsed_ns, None, Some(bw.summary))
         }
     };
     let cpu_util_pct = cpu_util.then(|| cpu.percent());
-    chan.send(&Message::Done { size, iterations })?;
+    if !(spec.bidirectional && spec.measure == Measure::Bandwidth) {
+        chan.send(&Message::Done { size, iterations })?;
+    }
     let mut delivered = None;
-    match chan.recv("the server's verdict")? {
-        Message::Verdict { size: s, iterations: theirs, data_error } if s == size => {
+    let reverse_bandwidth = match chan.recv("the server's verdict")? {
+        Message::Verdict { size: s, iterations: theirs, data_error, reverse } if s == size => {
             if let Some(e) = data_error {
                 return Err(Error::Check(format!("{} found corrupted data: {e}", chan.peer())));
             }
@@ -184,11 +194,12 @@ fn measure_size(run: &SizeRun, chan: &mut Channel, cpu_util: bool) -> Result<(Si
                     chan.peer()
                 )));
             }
+            reverse
         }
         other => {
             return Err(Error::Peer(format!("{} sent {} instead of a verdict", chan.peer(), other.kind())));
         }
-    }
+    };
     let result = SizeResult {
         size,
         iterations,
@@ -196,6 +207,7 @@ fn measure_size(run: &SizeRun, chan: &mut Channel, cpu_util: bool) -> Result<(Si
         duration_ns,
         latency,
         bandwidth,
+        reverse_bandwidth,
         data_validated: spec.validate_data,
         cpu_util_pct,
         delivered,
@@ -253,14 +265,14 @@ pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult>
                 latency::prepare(&link, &spec, size);
                 chan.send(&Message::Ready { size })?;
                 let run = SizeRun { link: &link, spec: &spec, size, clock: &clock, timeout_ns: opts.timeout_ns() };
-                let (iterations, data_error) = match spec.measure {
+                let (iterations, data_error, reverse) = match spec.measure {
                     Measure::Latency => {
                         let o = latency::server(&run, &mut chan)?;
-                        (o.iterations, o.data_error)
+                        (o.iterations, o.data_error, None)
                     }
                     Measure::Bandwidth => bandwidth::server(&run, &mut chan)?,
                 };
-                chan.send(&Message::Verdict { size, iterations, data_error: data_error.clone() })?;
+                chan.send(&Message::Verdict { size, iterations, data_error: data_error.clone(), reverse })?;
                 if let Some(e) = data_error {
                     return Err(Error::Check(format!("corrupted data from {}: {e}", chan.peer())));
                 }

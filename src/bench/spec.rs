@@ -79,6 +79,9 @@ pub struct TestSpec {
     pub tx_depth: u32,
     /// Request a completion every `cq_mod` work requests.
     pub cq_mod: u32,
+    /// `-b`: both sides send at once (bandwidth); both directions are reported.
+    #[serde(default)]
+    pub bidirectional: bool,
     /// `-e`: sleep on a completion channel instead of busy-polling the CQs.
     #[serde(default)]
     pub events: bool,
@@ -125,6 +128,7 @@ impl TestSpec {
             tx_depth: d.tx_depth,
             cq_mod: 100,
             events: false,
+            bidirectional: false,
             post_list: None,
             rx_depth: 512,
             outstanding_reads: None,
@@ -241,6 +245,11 @@ impl TestSpec {
         if self.events && self.measure == Measure::Latency && self.operation == Operation::Write && !self.with_imm {
             return Err(Error::Usage(
                 "-e waits for completions, but write-lat sees each arrival in memory; use --with-imm with -e".into(),
+            ));
+        }
+        if self.bidirectional && self.measure == Measure::Latency {
+            return Err(Error::Usage(
+                "-b applies to bandwidth tests: a ping-pong latency test already runs both ways".into(),
             ));
         }
         if let Some(l) = self.post_list {

@@ -110,6 +110,7 @@ mod tests {
                 bandwidth: None,
                 data_validated: false,
                 cpu_util_pct: None,
+                reverse_bandwidth: None,
                 delivered: None,
             })
             .collect();
@@ -135,6 +136,7 @@ mod tests {
             bandwidth: Some(ThroughputSummary::new(65536, 10, 1000, None)),
             data_validated: true,
             cpu_util_pct: None,
+            reverse_bandwidth: None,
             delivered: None,
         }];
         let run = RunResult {

@@ -61,6 +61,9 @@ pub struct SizeResult {
     pub latency: Option<LatencyResult>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bandwidth: Option<ThroughputSummary>,
+    /// With `-b`: the server-to-client direction (`bandwidth` is client to server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reverse_bandwidth: Option<ThroughputSummary>,
     /// Whether payloads were checked where they landed (and passed: a failure ends the run).
     pub data_validated: bool,
     /// With --cpu-util: CPU time this process used during the measurement, % of one core.

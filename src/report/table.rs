@@ -5,6 +5,7 @@ use std::io::Write;
 
 use super::{Environment, SizeResult};
 use crate::bench::spec::{Measure, Operation, TestSpec};
+use crate::stats::ThroughputSummary;
 use crate::stats::throughput::{BYTES_PER_GBIT, BYTES_PER_MB};
 
 const RULE: &str = "---------------------------------------------------------------------------------------";
@@ -117,14 +118,23 @@ pub fn row(out: &mut dyn Write, r: &SizeResult, units: Units) -> std::io::Result
             us(s.stdev_ns)
         );
     }
-    if let Some(b) = &r.bandwidth {
+    if let Some(one_way) = &r.bandwidth {
+        // With -b, perftest's convention: the row is the sum of both directions.
+        let both = r.reverse_bandwidth.as_ref().map(|rev| ThroughputSummary {
+            peak_bytes_per_sec: one_way.peak_bytes_per_sec + rev.peak_bytes_per_sec,
+            avg_bytes_per_sec: one_way.avg_bytes_per_sec + rev.avg_bytes_per_sec,
+            msg_rate_mpps: one_way.msg_rate_mpps + rev.msg_rate_mpps,
+            ..one_way.clone()
+        });
+        let note = if both.is_some() { "   (both directions)" } else { "" };
+        let b = both.as_ref().unwrap_or(one_way);
         let conv = |bps: f64| match units {
             Units::MegaBytes => bps / BYTES_PER_MB,
             Units::GigaBits => bps / BYTES_PER_GBIT,
         };
         return writeln!(
             out,
-            " {:<10} {:<12} {:>18.2} {:>20.2} {:>15.6}{cpu}{lost}",
+            " {:<10} {:<12} {:>18.2} {:>20.2} {:>15.6}{cpu}{lost}{note}",
             r.size,
             r.iterations,
             conv(b.peak_bytes_per_sec),
@@ -155,6 +165,7 @@ mod tests {
             bandwidth: Some(ThroughputSummary::new(65536, 1000, 1_000_000_000, None)),
             data_validated: false,
             cpu_util_pct: None,
+            reverse_bandwidth: None,
             delivered: None,
         };
         let mut mb = Vec::new();
@@ -181,6 +192,7 @@ mod tests {
             bandwidth: None,
             data_validated: true,
             cpu_util_pct: None,
+            reverse_bandwidth: None,
             delivered: None,
         };
         let mut out = Vec::new();

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::bench::spec::TestSpec;
 use crate::error::{Error, Result};
 use crate::report::RunResult;
+use crate::stats::ThroughputSummary;
 
 /// Bumped on any incompatible change of these messages.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -79,6 +80,9 @@ pub enum Message {
         size: u64,
         iterations: u64,
         data_error: Option<String>,
+        /// With `-b`: the server's own sending direction.
+        #[serde(default)]
+        reverse: Option<ThroughputSummary>,
     },
     Report(Box<RunResult>),
     Bye,
