@@ -109,9 +109,7 @@ mod tests {
                 latency: Some(LatencyResult { kind: "one_way".into(), unit: "ns".into(), summary: rec.summary(0.5) }),
                 bandwidth: None,
                 data_validated: false,
-                cpu_util_pct: None,
-                reverse_bandwidth: None,
-                delivered: None,
+                ..Default::default()
             })
             .collect();
         let run = RunResult {
@@ -135,9 +133,7 @@ mod tests {
             latency: None,
             bandwidth: Some(ThroughputSummary::new(65536, 10, 1000, None)),
             data_validated: true,
-            cpu_util_pct: None,
-            reverse_bandwidth: None,
-            delivered: None,
+            ..Default::default()
         }];
         let run = RunResult {
             test: "write_bw".into(),

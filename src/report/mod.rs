@@ -42,7 +42,7 @@ pub struct PeerEnvironment {
 
 /// Latency figures of one size. `kind` says what a sample is: "one_way" figures are half
 /// a measured round trip (write), "round_trip" figures are whole ones.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LatencyResult {
     pub kind: String,
     pub unit: String,
@@ -50,7 +50,7 @@ pub struct LatencyResult {
     pub summary: LatencySummary,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SizeResult {
     pub size: u64,
     pub iterations: u64,

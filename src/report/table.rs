@@ -164,9 +164,7 @@ mod tests {
             latency: None,
             bandwidth: Some(ThroughputSummary::new(65536, 1000, 1_000_000_000, None)),
             data_validated: false,
-            cpu_util_pct: None,
-            reverse_bandwidth: None,
-            delivered: None,
+            ..Default::default()
         };
         let mut mb = Vec::new();
         row(&mut mb, &r, Units::MegaBytes).unwrap();
@@ -191,9 +189,7 @@ mod tests {
             }),
             bandwidth: None,
             data_validated: true,
-            cpu_util_pct: None,
-            reverse_bandwidth: None,
-            delivered: None,
+            ..Default::default()
         };
         let mut out = Vec::new();
         row(&mut out, &r, Units::MegaBytes).unwrap();

@@ -280,51 +280,21 @@ impl Qp {
     /// right after it returns; the payload memory must stay until completion.
     #[inline(always)]
     pub fn post_batch(&self, reqs: &mut [SendRequest]) -> Result<()> {
-        let n = reqs.len();
-        if n == 0 {
-            return Ok(());
-        }
-        for i in 0..n {
-            let next: *mut ibv_send_wr = if i + 1 < n { &mut reqs[i + 1].wr } else { null_mut() };
-            let r = &mut reqs[i];
-            r.wr.sg_list = &mut r.sge;
-            r.wr.next = next;
-        }
+        let Some(head) = chain(reqs) else { return Ok(()) };
         let mut bad: *mut ibv_send_wr = null_mut();
         // SAFETY: the QP is alive (owned by self); the chain and its SGEs outlive the call.
-        let rc = unsafe { ibv_post_send(self.raw_qp.as_ptr(), &mut reqs[0].wr, &mut bad) };
-        if rc != 0 {
-            return Err(Error::Environment(format!(
-                "ibv_post_send failed: {} (send queue full or work request rejected)",
-                std::io::Error::from_raw_os_error(rc)
-            )));
-        }
-        Ok(())
+        let rc = unsafe { ibv_post_send(self.raw_qp.as_ptr(), head, &mut bad) };
+        posted(rc, "ibv_post_send", "send queue full or work request rejected")
     }
 
     /// Posts receives as one chain.
     #[inline(always)]
     pub fn post_recv_batch(&self, reqs: &mut [RecvRequest]) -> Result<()> {
-        let n = reqs.len();
-        if n == 0 {
-            return Ok(());
-        }
-        for i in 0..n {
-            let next: *mut ibv_recv_wr = if i + 1 < n { &mut reqs[i + 1].wr } else { null_mut() };
-            let r = &mut reqs[i];
-            r.wr.sg_list = &mut r.sge;
-            r.wr.next = next;
-        }
+        let Some(head) = chain(reqs) else { return Ok(()) };
         let mut bad: *mut ibv_recv_wr = null_mut();
         // SAFETY: as for post_batch.
-        let rc = unsafe { ibv_post_recv(self.raw_qp.as_ptr(), &mut reqs[0].wr, &mut bad) };
-        if rc != 0 {
-            return Err(Error::Environment(format!(
-                "ibv_post_recv failed: {} (receive queue full)",
-                std::io::Error::from_raw_os_error(rc)
-            )));
-        }
-        Ok(())
+        let rc = unsafe { ibv_post_recv(self.raw_qp.as_ptr(), head, &mut bad) };
+        posted(rc, "ibv_post_recv", "receive queue full")
     }
 
     /// Polls up to `wcs.len()` send completions; returns how many arrived.
@@ -382,6 +352,54 @@ impl Qp {
         unsafe { ibv_ack_cq_events(cq, 1) };
         Ok(true)
     }
+}
+
+/// A work request with one scatter/gather entry, linkable into a chain.
+trait Chainable {
+    type Wr;
+    /// Points the request at its own SGE and at `next` (null ends the chain).
+    fn link(&mut self, next: *mut Self::Wr);
+    fn wr(&mut self) -> *mut Self::Wr;
+}
+
+impl Chainable for SendRequest {
+    type Wr = ibv_send_wr;
+    fn link(&mut self, next: *mut ibv_send_wr) {
+        self.wr.sg_list = &mut self.sge;
+        self.wr.next = next;
+    }
+    fn wr(&mut self) -> *mut ibv_send_wr {
+        &mut self.wr
+    }
+}
+
+impl Chainable for RecvRequest {
+    type Wr = ibv_recv_wr;
+    fn link(&mut self, next: *mut ibv_recv_wr) {
+        self.wr.sg_list = &mut self.sge;
+        self.wr.next = next;
+    }
+    fn wr(&mut self) -> *mut ibv_recv_wr {
+        &mut self.wr
+    }
+}
+
+/// Links `reqs` in order and returns the head of the chain (None when empty).
+#[inline(always)]
+fn chain<T: Chainable>(reqs: &mut [T]) -> Option<*mut T::Wr> {
+    let n = reqs.len();
+    for i in 0..n {
+        let next = if i + 1 < n { reqs[i + 1].wr() } else { null_mut() };
+        reqs[i].link(next);
+    }
+    reqs.first_mut().map(|r| r.wr())
+}
+
+fn posted(rc: i32, verb: &str, likely: &str) -> Result<()> {
+    if rc != 0 {
+        return Err(Error::Environment(format!("{verb} failed: {} ({likely})", std::io::Error::from_raw_os_error(rc))));
+    }
+    Ok(())
 }
 
 #[inline(always)]
