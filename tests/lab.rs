@@ -556,3 +556,17 @@ fn lab_bidirectional_bandwidth_reports_both_directions() {
     let out = run(&["write-lat", "-b", "-p", "19995", "--connect-timeout", "1", &server_addr()]);
     assert_eq!(out.code, 2, "{}", out.stderr);
 }
+
+#[test]
+fn lab_atomic_checks_catch_a_wrong_step() {
+    for op in ["FETCH_AND_ADD", "CMP_AND_SWP"] {
+        // Latency: the next operation returns an unexpected old value.
+        let (c, _) = pair("atomic-lat", &["-A", op, "-n", "50", "--inject-corruption", "20"], &[]);
+        assert_eq!(c.code, 1, "{op}: {}", c.stderr);
+        assert!(c.stderr.contains("atomic 21 returned 22"), "{op}: {}", c.stderr);
+        // Bandwidth: the server's final counter does not match the number of operations.
+        let (c, s) = pair("atomic-bw", &["-A", op, "-n", "300", "--inject-corruption", "299"], &[]);
+        assert_eq!((c.code, s.code), (1, 1), "{op}: client {}\nserver {}", c.stderr, s.stderr);
+        assert!(c.stderr.contains("the atomic counter is 301 after 300 operations"), "{op}: {}", c.stderr);
+    }
+}

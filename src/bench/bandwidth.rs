@@ -61,9 +61,8 @@ fn aim(req: &mut SendRequest, link: &Link, spec: &TestSpec, size: u64, m: u64) {
     match spec.operation {
         Operation::Atomic => {
             req.set_local(link.buf.addr() + l.send_at(m % l.send_slots), 8);
-            if spec.atomic_op == AtomicOp::CmpAndSwp {
-                req.set_atomic(m, m + 1);
-            }
+            let (compare_add, swap) = crate::bench::latency::atomic_operands(spec, m);
+            req.set_atomic(compare_add, swap);
         }
         _ if !spec.validate_data => {}
         Operation::Read => {

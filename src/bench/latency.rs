@@ -279,8 +279,9 @@ fn round_trip_client(run: &SizeRun, chan: &mut Channel) -> Result<LatencyRun> {
     let limit = Limit::new(spec, clock);
     let mut i = 0u64;
     while !limit.done(i, clock) {
-        if spec.atomic_op == AtomicOp::CmpAndSwp {
-            req.set_atomic(i, i + 1);
+        if spec.operation == Operation::Atomic {
+            let (compare_add, swap) = atomic_operands(spec, i);
+            req.set_atomic(compare_add, swap);
         }
         let t0 = clock.now();
         link.qp.post(&mut req)?;
@@ -365,6 +366,18 @@ fn passive_server(run: &SizeRun, chan: &mut Channel) -> Result<EchoOutcome> {
         other => return Err(Error::Peer(format!("{} sent {} instead of done", chan.peer(), other.kind()))),
     };
     Ok(EchoOutcome { iterations, data_error: atomic_counter_error(run, iterations) })
+}
+
+/// The operands of atomic operation `m`: fetch-and-add adds 1, compare-and-swap moves the
+/// counter from m to m + 1. Fault injection (`--inject-corruption m`) makes operation m
+/// step by 2, which the returned values and the final counter check must catch.
+#[inline(always)]
+pub fn atomic_operands(spec: &TestSpec, m: u64) -> (u64, u64) {
+    let step = if spec.corrupt_at == Some(m) { 2 } else { 1 };
+    match spec.atomic_op {
+        AtomicOp::FetchAndAdd => (step, 0),
+        AtomicOp::CmpAndSwp => (m, m + step),
+    }
 }
 
 /// For atomic tests: the counter must equal the number of operations (each fetch-and-add

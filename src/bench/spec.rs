@@ -268,7 +268,7 @@ impl TestSpec {
         if self.outstanding_reads == Some(0) {
             return Err(Error::Usage("--outstanding-reads 0 is not allowed; use 1 or more".into()));
         }
-        if self.corrupt_at.is_some() && !self.validate_data {
+        if self.corrupt_at.is_some() && !self.validate_data && self.has_payload() {
             return Err(Error::Usage("--inject-corruption needs --validate-data".into()));
         }
         Ok(())
