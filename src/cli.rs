@@ -127,6 +127,9 @@ pub struct TestArgs {
     /// Default: whatever room the send window has, as one chain.
     #[arg(short = 'l', long = "post-list", visible_alias = "post_list")]
     pub post_list: Option<u32>,
+    /// Queue pairs per side (bandwidth tests); each sends the -n iterations.
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    pub num_qps: u32,
     /// Bidirectional: both sides send at once (bandwidth tests); both directions are reported.
     #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,
@@ -192,6 +195,7 @@ impl TestArgs {
             post_list: self.post_list,
             events: self.events,
             bidirectional: self.bidirectional,
+            num_qps: self.num_qps,
             inline_size: self.inline,
             mtu: self.mtu,
             validate_data: self.validate_data,
@@ -216,7 +220,7 @@ impl TestArgs {
     /// Test flags given to a server, which ignores them in favour of the client's spec.
     pub fn test_flags_given(&self) -> Vec<&'static str> {
         let mut v = Vec::new();
-        let flags: [(&'static str, bool); 16] = [
+        let flags: [(&'static str, bool); 17] = [
             ("-c", self.transport != Transport::Rc),
             ("-r", self.rx_depth != 512),
             ("--with-imm", self.with_imm),
@@ -224,6 +228,7 @@ impl TestArgs {
             ("-l", self.post_list.is_some()),
             ("-e", self.events),
             ("-b", self.bidirectional),
+            ("-q", self.num_qps != 1),
             ("-s", self.size.is_some()),
             ("-a", self.all),
             ("-n", self.iterations.is_some()),

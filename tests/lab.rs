@@ -570,3 +570,30 @@ fn lab_atomic_checks_catch_a_wrong_step() {
         assert!(c.stderr.contains("the atomic counter is 301 after 300 operations"), "{op}: {}", c.stderr);
     }
 }
+
+#[test]
+fn lab_several_qps_each_send_n_and_the_totals_add_up() {
+    for (test, extra) in [
+        ("write-bw", &["--validate-data", "-s", "4096"][..]),
+        ("read-bw", &["--validate-data", "-s", "4096"]),
+        ("send-bw", &["--validate-data", "-s", "1024"]),
+        ("send-bw", &["-c", "UD", "-s", "1024"]),
+        ("atomic-bw", &[]),
+        ("write-bw", &["-b", "--with-imm", "-s", "4096"]),
+        ("write-bw", &["-e", "-s", "4096"]),
+    ] {
+        let mut args = vec!["-q", "4", "-n", "250", "--json", "-"];
+        args.extend_from_slice(extra);
+        let what = format!("{test} {args:?}");
+        let (c, _) = ok_pair(test, &args);
+        let doc = valid_doc(&c.stdout);
+        let r = &doc["results"][0];
+        assert_eq!(r["iterations"], 1000, "{what}: 4 QPs x 250");
+        assert_eq!(r["bandwidth"]["messages"], 1000, "{what}");
+        if extra.contains(&"-b") {
+            assert_eq!(r["reverse_bandwidth"]["messages"], 1000, "{what}");
+        }
+    }
+    let out = run(&["send-lat", "-q", "2", "-p", "19994", "--connect-timeout", "1", &server_addr()]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+}

@@ -96,7 +96,6 @@ struct Sender<'a> {
     run: SizeRun<'a>,
     window: SendWindow,
     reqs: Vec<SendRequest>,
-    peak: PeakMeter,
     depth: u32,
     chain: u64,
     inline: bool,
@@ -111,20 +110,17 @@ struct Sender<'a> {
 }
 
 impl<'a> Sender<'a> {
-    fn new(run: &SizeRun<'a>) -> Sender<'a> {
-        let SizeRun { link, spec, size, clock, .. } = *run;
+    fn new(run: &SizeRun<'a>, start: u64) -> Sender<'a> {
+        let SizeRun { link, spec, size, .. } = *run;
         let l = &link.layout;
         // A validated payload's source slot is reused only after its message completed.
         let reuses_sources = spec.validate_data && matches!(spec.operation, Operation::Write | Operation::Send);
         let depth = if reuses_sources { spec.tx_depth.min(l.send_slots as u32) } else { spec.tx_depth };
         let cq_mod = spec.effective_cq_mod().min(depth);
-        let start = clock.now();
         Sender {
             run: *run,
             window: SendWindow::new(depth, cq_mod),
             reqs: (0..depth).map(|_| request(link, spec, size)).collect(),
-            // Ten completion batches per window bounds a batch's effect on the peak to 10 %.
-            peak: PeakMeter::new((depth as u64).max(10 * cq_mod as u64)),
             depth,
             // With -l, post only whole chains of `post_list` (the last one may be shorter).
             chain: spec.post_list.unwrap_or(1) as u64,
@@ -184,7 +180,6 @@ impl<'a> Sender<'a> {
             self.completed += n;
             self.last_completion = clock.now();
             let t = clock.nanos(self.start, self.last_completion);
-            self.peak.observe(t, self.completed);
             if let Some(limit) = self.limit_ns
                 && !self.time_up
                 && t >= limit
@@ -201,9 +196,10 @@ impl<'a> Sender<'a> {
         self.posting_done && self.completed == self.posted
     }
 
-    fn summary(&self) -> ThroughputSummary {
-        let elapsed = self.run.clock.nanos(self.start, self.last_completion);
-        ThroughputSummary::new(self.run.size, self.completed, elapsed, self.peak.peak_msgs_per_sec())
+    /// The completion window a peak is measured over: ten completion batches bound a
+    /// batch's effect on the peak to 10 %.
+    fn peak_window(&self) -> u64 {
+        (self.depth as u64).max(10 * self.window.signal_every() as u64)
     }
 }
 
@@ -278,6 +274,10 @@ pub struct SideOutcome {
     pub sent: Option<BandwidthRun>,
     /// Messages the peer says it sent (from its `Done`), when it sent.
     pub peer_total: Option<u64>,
+    /// The same per QP, in QP order.
+    pub peer_per_qp: Vec<u64>,
+    /// With `-q`: the messages each of this side's QPs sent.
+    pub sent_per_qp: Vec<u64>,
     /// Messages that arrived here (send and write-with-immediate tests).
     pub received: Option<u64>,
     pub data_error: Option<String>,
@@ -286,39 +286,50 @@ pub struct SideOutcome {
 /// Runs this side's halves until both are finished: its own sends all completed (then,
 /// when `announce`, it tells the peer with `Done`), and, when the peer sends too, the
 /// peer's `Done` has come and its messages have arrived.
-fn drive(run: &SizeRun, chan: &mut Channel, send: bool, peer_sends: bool, announce: bool) -> Result<SideOutcome> {
-    let SizeRun { link, spec, size, clock, timeout_ns } = *run;
+fn drive(runs: &[SizeRun], chan: &mut Channel, send: bool, peer_sends: bool, announce: bool) -> Result<SideOutcome> {
+    let SizeRun { link, spec, size, clock, timeout_ns } = runs[0];
     let peer = chan.peer().to_string();
-    let mut sender = send.then(|| Sender::new(run));
-    let mut receiver = (peer_sends && spec.uses_receives()).then(|| Receiver::new(run));
+    let start = clock.now();
+    let mut senders: Vec<Sender> = if send { runs.iter().map(|r| Sender::new(r, start)).collect() } else { Vec::new() };
+    let mut receivers: Vec<Receiver> =
+        if peer_sends && spec.uses_receives() { runs.iter().map(Receiver::new).collect() } else { Vec::new() };
+    let mut peak = PeakMeter::new(senders.iter().map(Sender::peak_window).sum::<u64>().max(1));
     let events = link.qp.has_events();
-    let mut peer_total: Option<u64> = None;
+    let mut peer_per_qp: Option<Vec<u64>> = None;
     let mut announced = !announce;
     let mut idle = 0u32;
     let mut busy = 0u32;
-    let mut last_progress = clock.now();
+    let mut last_progress = start;
     loop {
         let mut progress = 0;
-        if let Some(s) = sender.as_mut() {
+        let mut sent_now = 0;
+        for s in senders.iter_mut() {
             s.post()?;
             if events {
-                link.qp.arm(CqKind::Send)?;
+                s.run.link.qp.arm(CqKind::Send)?;
             }
-            progress += s.reap(&peer)?;
-            if !announced && s.finished() {
-                chan.send(&Message::Done { size, iterations: s.completed })?;
-                announced = true;
-            }
+            sent_now += s.reap(&peer)?;
         }
-        if let Some(r) = receiver.as_mut() {
+        if sent_now > 0 {
+            let total: u64 = senders.iter().map(|s| s.completed).sum();
+            peak.observe(clock.nanos(start, clock.now()), total);
+            progress += sent_now;
+        }
+        let mine_finished = senders.iter().all(Sender::finished);
+        if !announced && mine_finished {
+            let per_qp: Vec<u64> = senders.iter().map(|s| s.completed).collect();
+            chan.send(&Message::Done { size, iterations: per_qp.iter().sum(), per_qp })?;
+            announced = true;
+        }
+        for r in receivers.iter_mut() {
             if events {
-                link.qp.arm(CqKind::Recv)?;
+                r.run.link.qp.arm(CqKind::Recv)?;
             }
             progress += r.poll(&peer)? as u64;
         }
-        let mine_done = sender.as_ref().is_none_or(|s| s.finished()) && announced;
-        let theirs_done = !peer_sends || peer_total.is_some_and(|t| receiver.as_ref().is_none_or(|r| r.finished(t)));
-        if mine_done && theirs_done {
+        let theirs_done = !peer_sends
+            || peer_per_qp.as_ref().is_some_and(|per| receivers.iter().zip(per).all(|(r, &t)| r.finished(t)));
+        if mine_finished && announced && theirs_done {
             break;
         }
         if progress > 0 {
@@ -330,8 +341,9 @@ fn drive(run: &SizeRun, chan: &mut Channel, send: bool, peer_sends: bool, announ
             continue;
         }
         idle += 1;
-        if events {
-            // Both CQs were armed before the polls that found nothing: sleeping is safe.
+        if events && runs.len() == 1 {
+            // The CQs were armed before the polls that found nothing: sleeping is safe.
+            // (With several QPs their channels differ: poll them instead.)
             link.qp.wait_event(EVENT_SLICE)?;
             idle = IDLE_POLLS_PER_CHECK;
         }
@@ -340,8 +352,8 @@ fn drive(run: &SizeRun, chan: &mut Channel, send: bool, peer_sends: bool, announ
             chan.heartbeat_if_due()?;
             match chan.poll_peer("the bandwidth run")? {
                 PeerPoll::Quiet => {}
-                PeerPoll::Message(Message::Done { size: s, iterations }) if peer_sends && s == size => {
-                    peer_total = Some(iterations);
+                PeerPoll::Message(Message::Done { size: s, iterations, per_qp }) if peer_sends && s == size => {
+                    peer_per_qp = Some(split_per_qp(iterations, per_qp, runs.len()));
                     last_progress = clock.now();
                 }
                 PeerPoll::Message(m) => {
@@ -349,9 +361,14 @@ fn drive(run: &SizeRun, chan: &mut Channel, send: bool, peer_sends: bool, announ
                 }
             }
             if clock.nanos(last_progress, clock.now()) >= timeout_ns {
-                let so_far =
-                    sender.as_ref().map_or(String::new(), |s| format!("{} of {} sent; ", s.completed, s.posted));
-                let got = receiver.as_ref().map_or(String::new(), |r| format!("{} received; ", r.received));
+                let sent: u64 = senders.iter().map(|s| s.completed).sum();
+                let posted: u64 = senders.iter().map(|s| s.posted).sum();
+                let so_far = if send { format!("{sent} of {posted} sent; ") } else { String::new() };
+                let got = if receivers.is_empty() {
+                    String::new()
+                } else {
+                    format!("{} received; ", receivers.iter().map(|r| r.received).sum::<u64>())
+                };
                 return Err(Error::Peer(format!(
                     "nothing moved for {:.1} s ({so_far}{got}--timeout): {peer} hung or died",
                     timeout_ns as f64 / 1e9
@@ -359,15 +376,36 @@ fn drive(run: &SizeRun, chan: &mut Channel, send: bool, peer_sends: bool, announ
             }
         }
     }
-    let sent = sender.map(|s| BandwidthRun { summary: s.summary(), iterations: s.completed });
-    if let Some(s) = &sent {
-        check_read_slots(run, s.iterations, &peer)?;
+    for s in &senders {
+        check_read_slots(&s.run, s.completed, &peer)?;
     }
-    let (received, data_error) = match receiver {
-        Some(r) => (Some(r.received), r.data_error),
-        None => (None, None),
-    };
-    Ok(SideOutcome { sent, peer_total, received, data_error })
+    let sent_per_qp: Vec<u64> = senders.iter().map(|s| s.completed).collect();
+    let sent = send.then(|| {
+        let completed: u64 = sent_per_qp.iter().sum();
+        let last = senders.iter().map(|s| s.last_completion).max().unwrap_or(start);
+        let summary = ThroughputSummary::new(size, completed, clock.nanos(start, last), peak.peak_msgs_per_sec());
+        BandwidthRun { summary, iterations: completed }
+    });
+    let received = (!receivers.is_empty()).then(|| receivers.iter().map(|r| r.received).sum());
+    let data_error = receivers.into_iter().find_map(|r| r.data_error);
+    let peer_per_qp = peer_per_qp.unwrap_or_default();
+    Ok(SideOutcome {
+        sent,
+        peer_total: peer_sends.then(|| peer_per_qp.iter().sum()),
+        peer_per_qp,
+        sent_per_qp,
+        received,
+        data_error,
+    })
+}
+
+/// The peer's per-QP counts; a peer with one QP may leave `per_qp` empty.
+fn split_per_qp(total: u64, per_qp: Vec<u64>, qps: usize) -> Vec<u64> {
+    if per_qp.len() == qps {
+        per_qp
+    } else {
+        vec![total; 1].into_iter().chain(std::iter::repeat_n(0, qps.saturating_sub(1))).collect()
+    }
 }
 
 /// After reads: every landing slot holds the pattern of the remote slot it was read from.
@@ -389,30 +427,34 @@ fn check_read_slots(run: &SizeRun, completed: u64, peer: &str) -> Result<()> {
 
 /// The client's part: send, and with `-b` also take the server's traffic. Without `-b`
 /// the runner sends `Done` afterwards; with it, `drive` does as soon as sending ends.
-pub fn client(run: &SizeRun, chan: &mut Channel) -> Result<SideOutcome> {
-    let both = run.spec.bidirectional;
-    drive(run, chan, true, both, both)
+pub fn client(runs: &[SizeRun], chan: &mut Channel) -> Result<SideOutcome> {
+    let both = runs[0].spec.bidirectional;
+    drive(runs, chan, true, both, both)
 }
 
 /// The server side of one size: (messages it saw, first data error, its own direction
 /// with `-b`).
-pub fn server(run: &SizeRun, chan: &mut Channel) -> Result<(u64, Option<String>, Option<ThroughputSummary>)> {
-    let SizeRun { link, spec, size, .. } = *run;
+pub fn server(runs: &[SizeRun], chan: &mut Channel) -> Result<(u64, Option<String>, Option<ThroughputSummary>)> {
+    let SizeRun { spec, size, .. } = runs[0];
     let outcome = if spec.bidirectional || spec.uses_receives() {
-        drive(run, chan, spec.bidirectional, true, spec.bidirectional)?
+        drive(runs, chan, spec.bidirectional, true, spec.bidirectional)?
     } else {
         // Passive: nothing to poll, so sleep in the channel until the client's `Done`.
         match chan.recv("the end of the bandwidth run")? {
-            Message::Done { size: s, iterations } if s == size => {
-                SideOutcome { sent: None, peer_total: Some(iterations), received: None, data_error: None }
-            }
+            Message::Done { size: s, iterations, per_qp } if s == size => SideOutcome {
+                sent: None,
+                peer_total: Some(iterations),
+                peer_per_qp: split_per_qp(iterations, per_qp, runs.len()),
+                sent_per_qp: Vec::new(),
+                received: None,
+                data_error: None,
+            },
             other => return Err(Error::Peer(format!("{} sent {} instead of done", chan.peer(), other.kind()))),
         }
     };
     let peer_total = outcome.peer_total.unwrap_or(0);
     let seen = outcome.received.unwrap_or(peer_total);
-    let data_error = outcome.data_error.or_else(|| landed_data_error(run, peer_total));
-    let _ = link;
+    let data_error = outcome.data_error.or_else(|| landed_data_error(runs, &outcome.peer_per_qp));
     Ok((seen, data_error, outcome.sent.map(|s| s.summary)))
 }
 
@@ -430,13 +472,14 @@ fn check_write_slots(link: &Link, size: u64, iterations: u64) -> Option<String> 
     None
 }
 
-/// Checks what the peer's one-sided operations left in this side's memory: the atomic
-/// counter, and the last message written to every receive slot.
-pub fn landed_data_error(run: &SizeRun, peer_total: u64) -> Option<String> {
-    let SizeRun { link, spec, size, .. } = *run;
-    crate::bench::latency::atomic_counter_error(run, peer_total).or_else(|| {
-        (spec.validate_data && spec.operation == Operation::Write)
-            .then(|| check_write_slots(link, size, peer_total))
-            .flatten()
+/// Checks what the peer's one-sided operations left in this side's memory, QP by QP: the
+/// atomic counter, and the last message written to every receive slot.
+pub fn landed_data_error(runs: &[SizeRun], peer_per_qp: &[u64]) -> Option<String> {
+    runs.iter().zip(peer_per_qp).find_map(|(run, &n)| {
+        crate::bench::latency::atomic_counter_error(run, n).or_else(|| {
+            (run.spec.validate_data && run.spec.operation == Operation::Write)
+                .then(|| check_write_slots(run.link, run.size, n))
+                .flatten()
+        })
     })
 }

@@ -336,7 +336,7 @@ pub fn server(run: &SizeRun, chan: &mut Channel) -> Result<EchoOutcome> {
     loop {
         let slot = match p.wait(i, ring.as_mut(), clock, chan, timeout_ns, "the next ping")? {
             Ok(slot) => slot,
-            Err(Message::Done { size: s, iterations }) if s == size => {
+            Err(Message::Done { size: s, iterations, .. }) if s == size => {
                 if iterations != i {
                     return Err(Error::Check(format!(
                         "the client reports {iterations} iterations at {size} B but this side answered {i}"
@@ -362,7 +362,7 @@ pub fn server(run: &SizeRun, chan: &mut Channel) -> Result<EchoOutcome> {
 /// check the atomic counter against the number of operations.
 fn passive_server(run: &SizeRun, chan: &mut Channel) -> Result<EchoOutcome> {
     let iterations = match chan.recv("the end of the run")? {
-        Message::Done { size, iterations } if size == run.size => iterations,
+        Message::Done { size, iterations, .. } if size == run.size => iterations,
         other => return Err(Error::Peer(format!("{} sent {} instead of done", chan.peer(), other.kind()))),
     };
     Ok(EchoOutcome { iterations, data_error: atomic_counter_error(run, iterations) })

@@ -8,6 +8,7 @@
 //! peer's receive region and return the old value into the local send region.
 
 use std::cell::RefCell;
+use std::sync::Arc;
 
 use crate::bench::spec::{Measure, Operation, TestSpec, check_against_device};
 use crate::bench::wait::RecvRing;
@@ -90,7 +91,7 @@ pub struct Link {
     // Drop order: QP, then buffer, then device (PD before context).
     pub qp: Qp,
     pub buf: RegisteredBuf,
-    pub rdma: Rdma,
+    pub rdma: Arc<Rdma>,
     pub local: Endpoint,
     pub remote: Endpoint,
     pub layout: Layout,
@@ -110,60 +111,63 @@ pub fn hostname() -> String {
 }
 
 /// Local resources, ready to be connected: opened and checked before any peer is
-/// involved, so bad flags fail at once, without a server.
+/// involved, so bad flags fail at once, without a server. One lane (QP, buffer, endpoint)
+/// per `-q` QP, all on one device and protection domain.
 pub struct Prepared {
-    qp: Qp,
-    buf: RegisteredBuf,
-    rdma: Rdma,
-    local: Endpoint,
+    lanes: Vec<(Qp, RegisteredBuf, Endpoint)>,
+    rdma: Arc<Rdma>,
     layout: Layout,
     inline_size: u32,
     rd_atomic: u32,
 }
 
 impl Prepared {
-    /// Opens the device, checks the spec against its limits, registers the buffer and
-    /// creates the QP.
+    /// Opens the device, checks the spec against its limits, registers the buffers and
+    /// creates the QPs.
     pub fn new(spec: &TestSpec, sel: &DeviceSelection) -> Result<Prepared> {
         let rdma = Rdma::open(sel)?;
         let max_inline = Qp::probe_max_inline(&rdma, spec.transport)?;
         check_against_device(spec, &rdma.limits(max_inline))?;
         let inline_size = spec.requested_inline().min(max_inline);
         let layout = Layout::new(spec);
-        let buf = RegisteredBuf::new(&rdma.pd, layout.total_len())?;
         let caps =
             QpCaps { send_depth: spec.tx_depth, recv_depth: layout.rx_depth, inline: inline_size, events: spec.events };
-        let qp = Qp::create(&rdma, spec.transport, caps)?;
         let rd_atomic = match spec.operation {
             Operation::Read | Operation::Atomic => spec.effective_outstanding_reads(rdma.max_qp_rd_atom),
             _ => 1,
         }
         .min(255);
-        let local = Endpoint {
-            node: hostname(),
-            device: rdma.name().to_string(),
-            port: rdma.port.port,
-            link_layer: rdma.port.link_layer.label().into(),
-            lid: rdma.port.lid,
-            gid_index: rdma.gid.index,
-            gid: rdma.gid.gid.to_string(),
-            gid_type: rdma.gid.kind.label().into(),
-            gid_family: rdma.gid_family().label().into(),
-            usable_gids: rdma.usable_gids(),
-            qpn: qp.qpn(),
-            psn: qp.psn,
-            active_mtu: rdma.port.active_mtu,
-            addr: buf.addr(),
-            rkey: buf.rkey(),
-            buf_len: buf.len() as u64,
-            max_inline,
-        };
-        Ok(Prepared { qp, buf, rdma, local, layout, inline_size, rd_atomic })
+        let mut lanes = Vec::with_capacity(spec.num_qps as usize);
+        for _ in 0..spec.num_qps {
+            let buf = RegisteredBuf::new(&rdma.pd, layout.total_len())?;
+            let qp = Qp::create(&rdma, spec.transport, caps)?;
+            let local = Endpoint {
+                node: hostname(),
+                device: rdma.name().to_string(),
+                port: rdma.port.port,
+                link_layer: rdma.port.link_layer.label().into(),
+                lid: rdma.port.lid,
+                gid_index: rdma.gid.index,
+                gid: rdma.gid.gid.to_string(),
+                gid_type: rdma.gid.kind.label().into(),
+                gid_family: rdma.gid_family().label().into(),
+                usable_gids: rdma.usable_gids(),
+                qpn: qp.qpn(),
+                psn: qp.psn,
+                active_mtu: rdma.port.active_mtu,
+                addr: buf.addr(),
+                rkey: buf.rkey(),
+                buf_len: buf.len() as u64,
+                max_inline,
+            };
+            lanes.push((qp, buf, local));
+        }
+        Ok(Prepared { lanes, rdma: Arc::new(rdma), layout, inline_size, rd_atomic })
     }
 
-    /// Swaps endpoints with the peer, checks the pair and connects the QP. Any failure
-    /// is sent to the peer as an abort, so both sides end with the same reason.
-    pub fn connect(self, role: Role, spec: &TestSpec, chan: &mut Channel) -> Result<Link> {
+    /// Swaps endpoints with the peer (one per QP), checks the pair and connects the QPs.
+    /// Any failure is sent to the peer as an abort, so both sides end with the same reason.
+    pub fn connect(self, role: Role, spec: &TestSpec, chan: &mut Channel) -> Result<Vec<Link>> {
         self.try_connect(role, spec, chan).inspect_err(|e| {
             if !matches!(e, Error::Peer(_)) {
                 chan.abort(e);
@@ -171,51 +175,65 @@ impl Prepared {
         })
     }
 
-    fn try_connect(self, role: Role, spec: &TestSpec, chan: &mut Channel) -> Result<Link> {
-        let Prepared { mut qp, buf, rdma, local, layout, inline_size, rd_atomic } = self;
-        let remote = match role {
-            Role::Client => {
-                chan.send(&Message::Endpoint(Box::new(local.clone())))?;
-                expect_endpoint(chan)?
-            }
-            Role::Server => {
-                let r = expect_endpoint(chan)?;
-                chan.send(&Message::Endpoint(Box::new(local.clone())))?;
-                r
-            }
-        };
-        if remote.buf_len < layout.total_len() as u64 {
-            return Err(Error::Peer(format!(
-                "{} registered {} bytes but this test needs {}; the two sides disagree on the spec",
-                chan.peer(),
-                remote.buf_len,
-                layout.total_len()
-            )));
-        }
-        let me = format!("this side ({}, {} port {})", local.node, local.device, local.port);
-        let them = format!("{} ({} port {})", chan.peer(), remote.device, remote.port);
-        gid::check_pair(&rdma.side_choice(me), &side_of(&remote, them)?)?;
-
-        let mtu = match spec.mtu {
-            Some(m) if m > remote.active_mtu => {
-                return Err(Error::Usage(format!(
-                    "MTU {m} exceeds the peer's active MTU {} ({} port {}); use -m {} or less",
-                    remote.active_mtu, remote.device, remote.port, remote.active_mtu
+    fn try_connect(self, role: Role, spec: &TestSpec, chan: &mut Channel) -> Result<Vec<Link>> {
+        let Prepared { lanes, rdma, layout, inline_size, rd_atomic } = self;
+        let mut links = Vec::with_capacity(lanes.len());
+        for (mut qp, buf, local) in lanes {
+            let remote = match role {
+                Role::Client => {
+                    chan.send(&Message::Endpoint(Box::new(local.clone())))?;
+                    expect_endpoint(chan)?
+                }
+                Role::Server => {
+                    let r = expect_endpoint(chan)?;
+                    chan.send(&Message::Endpoint(Box::new(local.clone())))?;
+                    r
+                }
+            };
+            if remote.buf_len < layout.total_len() as u64 {
+                return Err(Error::Peer(format!(
+                    "{} registered {} bytes but this test needs {}; the two sides disagree on the spec",
+                    chan.peer(),
+                    remote.buf_len,
+                    layout.total_len()
                 )));
             }
-            Some(m) => m,
-            None => local.active_mtu.min(remote.active_mtu),
-        };
-        qp.connect(&rdma, &remote, mtu, rd_atomic as u8)?;
-        let link =
-            Link { qp, buf, rdma, local, remote, layout, inline_size, mtu, rd_atomic, receives: RefCell::new(None) };
-        if spec.uses_receives() {
-            // Posted now, before either side may send. Latency reposts each receive at once;
-            // bandwidth reposts in batches of an eighth of the queue.
-            let batch = if spec.measure == Measure::Latency { 1 } else { (layout.rx_depth as usize / 8).max(1) };
-            *link.receives.borrow_mut() = Some(RecvRing::new(&link, batch)?);
+            let me = format!("this side ({}, {} port {})", local.node, local.device, local.port);
+            let them = format!("{} ({} port {})", chan.peer(), remote.device, remote.port);
+            gid::check_pair(&rdma.side_choice(me), &side_of(&remote, them)?)?;
+
+            let mtu = match spec.mtu {
+                Some(m) if m > remote.active_mtu => {
+                    return Err(Error::Usage(format!(
+                        "MTU {m} exceeds the peer's active MTU {} ({} port {}); use -m {} or less",
+                        remote.active_mtu, remote.device, remote.port, remote.active_mtu
+                    )));
+                }
+                Some(m) => m,
+                None => local.active_mtu.min(remote.active_mtu),
+            };
+            qp.connect(&rdma, &remote, mtu, rd_atomic as u8)?;
+            let link = Link {
+                qp,
+                buf,
+                rdma: Arc::clone(&rdma),
+                local,
+                remote,
+                layout,
+                inline_size,
+                mtu,
+                rd_atomic,
+                receives: RefCell::new(None),
+            };
+            if spec.uses_receives() {
+                // Posted now, before either side may send. Latency reposts each receive at
+                // once; bandwidth reposts in batches of an eighth of the queue.
+                let batch = if spec.measure == Measure::Latency { 1 } else { (layout.rx_depth as usize / 8).max(1) };
+                *link.receives.borrow_mut() = Some(RecvRing::new(&link, batch)?);
+            }
+            links.push(link);
         }
-        Ok(link)
+        Ok(links)
     }
 }
 

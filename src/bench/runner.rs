@@ -69,8 +69,8 @@ pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResul
     }
     proto::check_welcome(welcome)?;
     let address = format!("{host}:{}", opts.tcp_port);
-    let link = prepared.connect(Role::Client, spec, &mut chan)?;
-    let env = link.environment(&address);
+    let links = prepared.connect(Role::Client, spec, &mut chan)?;
+    let env = links[0].environment(&address);
 
     let mut out = opts.table_out();
     table::banner(&mut out, spec, &env, "client").map_err(io_err)?;
@@ -81,8 +81,11 @@ pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResul
     let mut histograms = Vec::new();
     for (k, &size) in spec.sizes.iter().enumerate() {
         progress.show(k, size);
-        let run = SizeRun { link: &link, spec, size, clock: &clock, timeout_ns: opts.timeout_ns() };
-        let (r, hist) = measure_size(&run, &mut chan, opts.cpu_util).inspect_err(|e| {
+        let runs: Vec<SizeRun> = links
+            .iter()
+            .map(|link| SizeRun { link, spec, size, clock: &clock, timeout_ns: opts.timeout_ns() })
+            .collect();
+        let (r, hist) = measure_size(&runs, &mut chan, opts.cpu_util).inspect_err(|e| {
             progress.clear();
             if !matches!(e, Error::Peer(_)) {
                 chan.abort(e);
@@ -141,9 +144,13 @@ impl Progress {
     }
 }
 
-fn measure_size(run: &SizeRun, chan: &mut Channel, cpu_util: bool) -> Result<(SizeResult, Option<Histogram<u64>>)> {
-    let SizeRun { link, spec, size, .. } = *run;
-    latency::prepare(link, spec, size);
+/// Runs one size on every QP (`runs`, one per QP; latency uses the first).
+fn measure_size(runs: &[SizeRun], chan: &mut Channel, cpu_util: bool) -> Result<(SizeResult, Option<Histogram<u64>>)> {
+    let run = &runs[0];
+    let SizeRun { spec, size, .. } = *run;
+    for r in runs {
+        latency::prepare(r.link, spec, size);
+    }
     chan.send(&Message::Start { size })?;
     match chan.recv("the server to get ready")? {
         Message::Ready { size: s } if s == size => {}
@@ -153,6 +160,7 @@ fn measure_size(run: &SizeRun, chan: &mut Channel, cpu_util: bool) -> Result<(Si
     }
     let cpu = CpuMeter::start();
     let mut histogram = None;
+    let mut per_qp = Vec::new();
     let (iterations, duration_ns, latency, bandwidth) = match spec.measure {
         Measure::Latency => {
             let lat = latency::client(run, chan)?;
@@ -163,21 +171,22 @@ fn measure_size(run: &SizeRun, chan: &mut Channel, cpu_util: bool) -> Result<(Si
             (lat.iterations, lat.elapsed_ns, Some(result), None)
         }
         Measure::Bandwidth => {
-            let side = bandwidth::client(run, chan)?;
+            let side = bandwidth::client(runs, chan)?;
             if spec.bidirectional {
                 // The server's traffic landed here: check it like the server checks ours.
-                let theirs = side.peer_total.unwrap_or(0);
-                if let Some(e) = side.data_error.or_else(|| bandwidth::landed_data_error(run, theirs)) {
+                let theirs = &side.peer_per_qp;
+                if let Some(e) = side.data_error.or_else(|| bandwidth::landed_data_error(runs, theirs)) {
                     return Err(Error::Check(format!("corrupted data from {}: {e}", chan.peer())));
                 }
             }
+            per_qp = side.sent_per_qp;
             let bw = side.sent.expect("the client always sends");
             (bw.iterations, bw.summary.elapsed_ns, None, Some(bw.summary))
         }
     };
     let cpu_util_pct = cpu_util.then(|| cpu.percent());
     if !(spec.bidirectional && spec.measure == Measure::Bandwidth) {
-        chan.send(&Message::Done { size, iterations })?;
+        chan.send(&Message::Done { size, iterations, per_qp })?;
     }
     let mut delivered = None;
     let reverse_bandwidth = match chan.recv("the server's verdict")? {
@@ -245,13 +254,13 @@ pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult>
         )
         .map_err(io_err)?;
     }
-    let link = Prepared::new(&spec, &opts.selection).inspect_err(|e| chan.abort(e))?.connect(
+    let links = Prepared::new(&spec, &opts.selection).inspect_err(|e| chan.abort(e))?.connect(
         Role::Server,
         &spec,
         &mut chan,
     )?;
     let address = chan.peer().to_string();
-    let env = link.environment(&address);
+    let env = links[0].environment(&address);
     table::banner(&mut out, &spec, &env, "server").map_err(io_err)?;
     let clock = Clock::new();
     loop {
@@ -262,15 +271,20 @@ pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult>
                     chan.abort(&e);
                     return Err(e);
                 }
-                latency::prepare(&link, &spec, size);
+                for link in &links {
+                    latency::prepare(link, &spec, size);
+                }
                 chan.send(&Message::Ready { size })?;
-                let run = SizeRun { link: &link, spec: &spec, size, clock: &clock, timeout_ns: opts.timeout_ns() };
+                let runs: Vec<SizeRun> = links
+                    .iter()
+                    .map(|link| SizeRun { link, spec: &spec, size, clock: &clock, timeout_ns: opts.timeout_ns() })
+                    .collect();
                 let (iterations, data_error, reverse) = match spec.measure {
                     Measure::Latency => {
-                        let o = latency::server(&run, &mut chan)?;
+                        let o = latency::server(&runs[0], &mut chan)?;
                         (o.iterations, o.data_error, None)
                     }
-                    Measure::Bandwidth => bandwidth::server(&run, &mut chan)?,
+                    Measure::Bandwidth => bandwidth::server(&runs, &mut chan)?,
                 };
                 chan.send(&Message::Verdict { size, iterations, data_error: data_error.clone(), reverse })?;
                 if let Some(e) = data_error {

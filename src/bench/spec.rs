@@ -56,6 +56,13 @@ pub enum Measure {
     Bandwidth,
 }
 
+/// Most QPs one side opens with `-q`.
+pub const MAX_QPS: u32 = 256;
+
+fn one() -> u32 {
+    1
+}
+
 /// Largest size of an `-a` sweep, as perftest: 2 B .. 8 MiB.
 pub const SWEEP_MAX: u64 = 8 << 20;
 
@@ -79,6 +86,9 @@ pub struct TestSpec {
     pub tx_depth: u32,
     /// Request a completion every `cq_mod` work requests.
     pub cq_mod: u32,
+    /// `-q`: queue pairs per side (bandwidth); each sends `iterations` messages.
+    #[serde(default = "one")]
+    pub num_qps: u32,
     /// `-b`: both sides send at once (bandwidth); both directions are reported.
     #[serde(default)]
     pub bidirectional: bool,
@@ -128,6 +138,7 @@ impl TestSpec {
             tx_depth: d.tx_depth,
             cq_mod: 100,
             events: false,
+            num_qps: 1,
             bidirectional: false,
             post_list: None,
             rx_depth: 512,
@@ -245,6 +256,14 @@ impl TestSpec {
         if self.events && self.measure == Measure::Latency && self.operation == Operation::Write && !self.with_imm {
             return Err(Error::Usage(
                 "-e waits for completions, but write-lat sees each arrival in memory; use --with-imm with -e".into(),
+            ));
+        }
+        if self.num_qps == 0 || self.num_qps > MAX_QPS {
+            return Err(Error::Usage(format!("{} QPs is out of range; use -q 1..={MAX_QPS}", self.num_qps)));
+        }
+        if self.num_qps > 1 && self.measure == Measure::Latency {
+            return Err(Error::Usage(
+                "-q applies to bandwidth tests: a latency test measures one message in flight on one QP".into(),
             ));
         }
         if self.bidirectional && self.measure == Measure::Latency {
@@ -606,6 +625,23 @@ mod tests {
         let mut s = TestSpec::new(Operation::Write, Measure::Latency);
         s.post_list = Some(2);
         assert!(usage(s.check()).contains("bandwidth tests"));
+    }
+
+    #[test]
+    fn several_qps_are_for_bandwidth_and_bounded() {
+        let mut s = spec();
+        s.num_qps = 4;
+        s.check().unwrap();
+        s.num_qps = 0;
+        assert!(usage(s.check()).contains("-q 1..=256"));
+        s.num_qps = 257;
+        assert!(usage(s.check()).contains("-q 1..=256"));
+        let mut s = TestSpec::new(Operation::Send, Measure::Latency);
+        s.num_qps = 2;
+        assert!(usage(s.check()).contains("bandwidth tests"));
+        s.num_qps = 1;
+        s.bidirectional = true;
+        assert!(usage(s.check()).contains("-b applies to bandwidth"));
     }
 
     #[test]

@@ -129,6 +129,10 @@ impl SendWindow {
         self.outstanding
     }
 
+    pub fn signal_every(&self) -> u32 {
+        self.signal_every
+    }
+
     pub fn unsignaled(&self) -> u32 {
         self.unsignaled
     }

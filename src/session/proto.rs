@@ -74,6 +74,9 @@ pub enum Message {
     Done {
         size: u64,
         iterations: u64,
+        /// With `-q`: the messages each QP sent, in QP order (sums to `iterations`).
+        #[serde(default)]
+        per_qp: Vec<u64>,
     },
     /// The server's view of the size just run: its iteration count and data check.
     Verdict {
