@@ -130,6 +130,9 @@ pub struct TestArgs {
     /// Queue pairs per side (bandwidth tests); each sends the -n iterations.
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     pub num_qps: u32,
+    /// Spread the QPs over this many pinned threads (bandwidth tests; at most -q).
+    #[arg(long = "threads", default_value_t = 1)]
+    pub threads: u32,
     /// Bidirectional: both sides send at once (bandwidth tests); both directions are reported.
     #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,
@@ -196,6 +199,7 @@ impl TestArgs {
             events: self.events,
             bidirectional: self.bidirectional,
             num_qps: self.num_qps,
+            threads: self.threads,
             inline_size: self.inline,
             mtu: self.mtu,
             validate_data: self.validate_data,
@@ -220,7 +224,7 @@ impl TestArgs {
     /// Test flags given to a server, which ignores them in favour of the client's spec.
     pub fn test_flags_given(&self) -> Vec<&'static str> {
         let mut v = Vec::new();
-        let flags: [(&'static str, bool); 17] = [
+        let flags: [(&'static str, bool); 18] = [
             ("-c", self.transport != Transport::Rc),
             ("-r", self.rx_depth != 512),
             ("--with-imm", self.with_imm),
@@ -229,6 +233,7 @@ impl TestArgs {
             ("-e", self.events),
             ("-b", self.bidirectional),
             ("-q", self.num_qps != 1),
+            ("--threads", self.threads != 1),
             ("-s", self.size.is_some()),
             ("-a", self.all),
             ("-n", self.iterations.is_some()),

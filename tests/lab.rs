@@ -597,3 +597,29 @@ fn lab_several_qps_each_send_n_and_the_totals_add_up() {
     let out = run(&["send-lat", "-q", "2", "-p", "19994", "--connect-timeout", "1", &server_addr()]);
     assert_eq!(out.code, 2, "{}", out.stderr);
 }
+
+#[test]
+fn lab_threads_split_the_qps_and_report_each() {
+    for (test, extra) in [
+        ("write-bw", &["--validate-data", "-s", "4096"][..]),
+        ("send-bw", &["--validate-data", "-s", "1024"]),
+        ("read-bw", &["-s", "4096"]),
+        ("write-bw", &["-b", "-s", "4096"]),
+    ] {
+        let mut args = vec!["-q", "4", "--threads", "2", "-n", "250", "--json", "-"];
+        args.extend_from_slice(extra);
+        let what = format!("{test} {args:?}");
+        let (c, _) = ok_pair(test, &args);
+        let doc = valid_doc(&c.stdout);
+        let r = &doc["results"][0];
+        assert_eq!(r["bandwidth"]["messages"], 1000, "{what}");
+        let threads = r["per_thread"].as_array().expect("per-thread figures");
+        assert_eq!(threads.len(), 2, "{what}");
+        for t in threads {
+            assert_eq!(t["messages"], 500, "{what}: two QPs of 250 per thread");
+        }
+    }
+    let out = run(&["write-bw", "-q", "2", "--threads", "3", "-p", "19993", "--connect-timeout", "1", &server_addr()]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("--threads 1..=2"), "{}", out.stderr);
+}

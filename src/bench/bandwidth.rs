@@ -14,7 +14,7 @@ use crate::bench::wait::{EVENT_SLICE, RecvRing, SendWindow};
 use crate::error::{Error, Result};
 use crate::session::{Channel, Message, PeerPoll};
 use crate::signals;
-use crate::stats::{PeakMeter, ThroughputSummary};
+use crate::stats::{Clock, PeakMeter, ThroughputSummary};
 use crate::verbs::qp::{CqKind, check_completion, imm_of};
 use crate::verbs::{SendRequest, Transport};
 
@@ -207,7 +207,7 @@ impl<'a> Sender<'a> {
 /// every arrival and keeps the receive queue stocked.
 struct Receiver<'a> {
     run: SizeRun<'a>,
-    ring: std::cell::RefMut<'a, Option<RecvRing>>,
+    ring: std::sync::MutexGuard<'a, Option<RecvRing>>,
     lossy: bool,
     received: u64,
     next_index: u64,
@@ -219,7 +219,7 @@ impl<'a> Receiver<'a> {
     fn new(run: &SizeRun<'a>) -> Receiver<'a> {
         Receiver {
             run: *run,
-            ring: run.link.receives.borrow_mut(),
+            ring: run.link.receives.lock().expect("no poisoning"),
             lossy: run.spec.transport != Transport::Rc,
             received: 0,
             next_index: 0,
@@ -278,57 +278,137 @@ pub struct SideOutcome {
     pub peer_per_qp: Vec<u64>,
     /// With `-q`: the messages each of this side's QPs sent.
     pub sent_per_qp: Vec<u64>,
+    /// With `--threads`: each thread's sending direction.
+    pub per_thread: Vec<ThroughputSummary>,
     /// Messages that arrived here (send and write-with-immediate tests).
     pub received: Option<u64>,
     pub data_error: Option<String>,
 }
 
+/// The lanes one thread drives: their sending and receiving halves and the combined
+/// peak of their sends.
+struct LaneSet<'a> {
+    senders: Vec<Sender<'a>>,
+    receivers: Vec<Receiver<'a>>,
+    peak: PeakMeter,
+    start: u64,
+    clock: &'a Clock,
+    events: bool,
+}
+
+impl<'a> LaneSet<'a> {
+    fn new(runs: &[SizeRun<'a>], send: bool, receive: bool, start: u64) -> LaneSet<'a> {
+        let senders: Vec<Sender> = if send { runs.iter().map(|r| Sender::new(r, start)).collect() } else { Vec::new() };
+        let receivers = if receive { runs.iter().map(Receiver::new).collect() } else { Vec::new() };
+        let peak = PeakMeter::new(senders.iter().map(Sender::peak_window).sum::<u64>().max(1));
+        LaneSet { senders, receivers, peak, start, clock: runs[0].clock, events: runs[0].link.qp.has_events() }
+    }
+
+    /// One round over every lane: post, reap, take arrivals. Returns how much moved.
+    #[inline(always)]
+    fn step(&mut self, peer: &str) -> Result<u64> {
+        let mut sent_now = 0;
+        for s in self.senders.iter_mut() {
+            s.post()?;
+            if self.events {
+                s.run.link.qp.arm(CqKind::Send)?;
+            }
+            sent_now += s.reap(peer)?;
+        }
+        if sent_now > 0 {
+            let total: u64 = self.senders.iter().map(|s| s.completed).sum();
+            self.peak.observe(self.clock.nanos(self.start, self.clock.now()), total);
+        }
+        let mut arrived = 0;
+        for r in self.receivers.iter_mut() {
+            if self.events {
+                r.run.link.qp.arm(CqKind::Recv)?;
+            }
+            arrived += r.poll(peer)? as u64;
+        }
+        Ok(sent_now + arrived)
+    }
+
+    /// Sleeps on the completion channel when there is exactly one lane (its CQs were armed
+    /// before the polls that found nothing). With several lanes their channels differ, so
+    /// they are polled instead.
+    fn idle_wait(&self) -> Result<bool> {
+        let lanes = self.senders.len().max(self.receivers.len());
+        if self.events && lanes == 1 {
+            let link = self.senders.first().map(|s| s.run.link).or(self.receivers.first().map(|r| r.run.link));
+            if let Some(link) = link {
+                link.qp.wait_event(EVENT_SLICE)?;
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    fn sending_finished(&self) -> bool {
+        self.senders.iter().all(Sender::finished)
+    }
+
+    fn sent_per_qp(&self) -> Vec<u64> {
+        self.senders.iter().map(|s| s.completed).collect()
+    }
+
+    /// Every lane has what the peer sent on it (`peer_per_qp` is this set's share).
+    fn receiving_finished(&self, peer_per_qp: &[u64]) -> bool {
+        self.receivers.iter().zip(peer_per_qp).all(|(r, &t)| r.finished(t))
+    }
+
+    /// This set's sending direction, its reads checked.
+    fn finish(self, peer: &str) -> Result<LaneOutcome> {
+        for s in &self.senders {
+            check_read_slots(&s.run, s.completed, peer)?;
+        }
+        let sent = (!self.senders.is_empty()).then(|| {
+            let completed: u64 = self.senders.iter().map(|s| s.completed).sum();
+            let last = self.senders.iter().map(|s| s.last_completion).max().unwrap_or(self.start);
+            let size = self.senders[0].run.size;
+            ThroughputSummary::new(size, completed, self.clock.nanos(self.start, last), self.peak.peak_msgs_per_sec())
+        });
+        let received = (!self.receivers.is_empty()).then(|| self.receivers.iter().map(|r| r.received).sum());
+        let sent_per_qp = self.sent_per_qp();
+        let data_error = self.receivers.into_iter().find_map(|r| r.data_error);
+        Ok(LaneOutcome { sent, sent_per_qp, received, data_error })
+    }
+}
+
+struct LaneOutcome {
+    sent: Option<ThroughputSummary>,
+    sent_per_qp: Vec<u64>,
+    received: Option<u64>,
+    data_error: Option<String>,
+}
+
 /// Runs this side's halves until both are finished: its own sends all completed (then,
 /// when `announce`, it tells the peer with `Done`), and, when the peer sends too, the
-/// peer's `Done` has come and its messages have arrived.
+/// peer's `Done` has come and its messages have arrived. With `--threads`, the lanes are
+/// spread over pinned worker threads and this thread keeps the control channel.
 fn drive(runs: &[SizeRun], chan: &mut Channel, send: bool, peer_sends: bool, announce: bool) -> Result<SideOutcome> {
-    let SizeRun { link, spec, size, clock, timeout_ns } = runs[0];
+    let SizeRun { spec, size, clock, timeout_ns, .. } = runs[0];
+    let receive = peer_sends && spec.uses_receives();
+    if spec.threads > 1 {
+        return threads::drive(runs, chan, send, receive, peer_sends, announce);
+    }
     let peer = chan.peer().to_string();
     let start = clock.now();
-    let mut senders: Vec<Sender> = if send { runs.iter().map(|r| Sender::new(r, start)).collect() } else { Vec::new() };
-    let mut receivers: Vec<Receiver> =
-        if peer_sends && spec.uses_receives() { runs.iter().map(Receiver::new).collect() } else { Vec::new() };
-    let mut peak = PeakMeter::new(senders.iter().map(Sender::peak_window).sum::<u64>().max(1));
-    let events = link.qp.has_events();
+    let mut lanes = LaneSet::new(runs, send, receive, start);
     let mut peer_per_qp: Option<Vec<u64>> = None;
     let mut announced = !announce;
     let mut idle = 0u32;
     let mut busy = 0u32;
     let mut last_progress = start;
     loop {
-        let mut progress = 0;
-        let mut sent_now = 0;
-        for s in senders.iter_mut() {
-            s.post()?;
-            if events {
-                s.run.link.qp.arm(CqKind::Send)?;
-            }
-            sent_now += s.reap(&peer)?;
-        }
-        if sent_now > 0 {
-            let total: u64 = senders.iter().map(|s| s.completed).sum();
-            peak.observe(clock.nanos(start, clock.now()), total);
-            progress += sent_now;
-        }
-        let mine_finished = senders.iter().all(Sender::finished);
+        let progress = lanes.step(&peer)?;
+        let mine_finished = lanes.sending_finished();
         if !announced && mine_finished {
-            let per_qp: Vec<u64> = senders.iter().map(|s| s.completed).collect();
+            let per_qp = lanes.sent_per_qp();
             chan.send(&Message::Done { size, iterations: per_qp.iter().sum(), per_qp })?;
             announced = true;
         }
-        for r in receivers.iter_mut() {
-            if events {
-                r.run.link.qp.arm(CqKind::Recv)?;
-            }
-            progress += r.poll(&peer)? as u64;
-        }
-        let theirs_done = !peer_sends
-            || peer_per_qp.as_ref().is_some_and(|per| receivers.iter().zip(per).all(|(r, &t)| r.finished(t)));
+        let theirs_done = !peer_sends || peer_per_qp.as_ref().is_some_and(|per| lanes.receiving_finished(per));
         if mine_finished && announced && theirs_done {
             break;
         }
@@ -341,62 +421,50 @@ fn drive(runs: &[SizeRun], chan: &mut Channel, send: bool, peer_sends: bool, ann
             continue;
         }
         idle += 1;
-        if events && runs.len() == 1 {
-            // The CQs were armed before the polls that found nothing: sleeping is safe.
-            // (With several QPs their channels differ: poll them instead.)
-            link.qp.wait_event(EVENT_SLICE)?;
+        if lanes.idle_wait()? {
             idle = IDLE_POLLS_PER_CHECK;
         }
         if idle.is_multiple_of(IDLE_POLLS_PER_CHECK) {
             signals::check()?;
             chan.heartbeat_if_due()?;
-            match chan.poll_peer("the bandwidth run")? {
-                PeerPoll::Quiet => {}
-                PeerPoll::Message(Message::Done { size: s, iterations, per_qp }) if peer_sends && s == size => {
-                    peer_per_qp = Some(split_per_qp(iterations, per_qp, runs.len()));
-                    last_progress = clock.now();
-                }
-                PeerPoll::Message(m) => {
-                    return Err(Error::Peer(format!("{peer} sent {} in the middle of the run", m.kind())));
-                }
+            if let Some(per) = peer_done(chan, peer_sends, size, runs.len())? {
+                peer_per_qp = Some(per);
+                last_progress = clock.now();
             }
             if clock.nanos(last_progress, clock.now()) >= timeout_ns {
-                let sent: u64 = senders.iter().map(|s| s.completed).sum();
-                let posted: u64 = senders.iter().map(|s| s.posted).sum();
-                let so_far = if send { format!("{sent} of {posted} sent; ") } else { String::new() };
-                let got = if receivers.is_empty() {
-                    String::new()
-                } else {
-                    format!("{} received; ", receivers.iter().map(|r| r.received).sum::<u64>())
-                };
-                return Err(Error::Peer(format!(
-                    "nothing moved for {:.1} s ({so_far}{got}--timeout): {peer} hung or died",
-                    timeout_ns as f64 / 1e9
-                )));
+                return Err(stalled(&peer, timeout_ns));
             }
         }
     }
-    for s in &senders {
-        check_read_slots(&s.run, s.completed, &peer)?;
-    }
-    let sent_per_qp: Vec<u64> = senders.iter().map(|s| s.completed).collect();
-    let sent = send.then(|| {
-        let completed: u64 = sent_per_qp.iter().sum();
-        let last = senders.iter().map(|s| s.last_completion).max().unwrap_or(start);
-        let summary = ThroughputSummary::new(size, completed, clock.nanos(start, last), peak.peak_msgs_per_sec());
-        BandwidthRun { summary, iterations: completed }
-    });
-    let received = (!receivers.is_empty()).then(|| receivers.iter().map(|r| r.received).sum());
-    let data_error = receivers.into_iter().find_map(|r| r.data_error);
+    let outcome = lanes.finish(&peer)?;
     let peer_per_qp = peer_per_qp.unwrap_or_default();
     Ok(SideOutcome {
-        sent,
+        sent: outcome.sent.map(|summary| BandwidthRun { iterations: summary.messages, summary }),
         peer_total: peer_sends.then(|| peer_per_qp.iter().sum()),
         peer_per_qp,
-        sent_per_qp,
-        received,
-        data_error,
+        sent_per_qp: outcome.sent_per_qp,
+        received: outcome.received,
+        data_error: outcome.data_error,
+        per_thread: Vec::new(),
     })
+}
+
+/// Looks for the peer's `Done` (returns its per-QP counts); any other message is an error.
+fn peer_done(chan: &mut Channel, peer_sends: bool, size: u64, qps: usize) -> Result<Option<Vec<u64>>> {
+    match chan.poll_peer("the bandwidth run")? {
+        PeerPoll::Quiet => Ok(None),
+        PeerPoll::Message(Message::Done { size: s, iterations, per_qp }) if peer_sends && s == size => {
+            Ok(Some(split_per_qp(iterations, per_qp, qps)))
+        }
+        PeerPoll::Message(m) => Err(Error::Peer(format!("{} sent {} in the middle of the run", chan.peer(), m.kind()))),
+    }
+}
+
+fn stalled(peer: &str, timeout_ns: u64) -> Error {
+    Error::Peer(format!(
+        "nothing moved for {:.1} s (--timeout): {peer} hung or died, or the link stalled",
+        timeout_ns as f64 / 1e9
+    ))
 }
 
 /// The peer's per-QP counts; a peer with one QP may leave `per_qp` empty.
@@ -404,7 +472,206 @@ fn split_per_qp(total: u64, per_qp: Vec<u64>, qps: usize) -> Vec<u64> {
     if per_qp.len() == qps {
         per_qp
     } else {
-        vec![total; 1].into_iter().chain(std::iter::repeat_n(0, qps.saturating_sub(1))).collect()
+        std::iter::once(total).chain(std::iter::repeat_n(0, qps.saturating_sub(1))).collect()
+    }
+}
+
+/// `--threads`: lanes spread over pinned worker threads, each polling only its own QPs'
+/// CQs; this thread keeps the control channel (heartbeats, the peer's `Done`, deadlines)
+/// and tells the workers through shared state.
+mod threads {
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    use std::sync::{Mutex, OnceLock};
+    use std::time::Duration;
+
+    use super::*;
+
+    struct Shared {
+        /// Set by the coordinator on error or interruption; workers stop at once.
+        abort: AtomicBool,
+        /// Bumped by workers whenever anything moves, for the coordinator's deadline.
+        progress: AtomicU64,
+        /// Workers whose own sends are all complete.
+        sent: AtomicUsize,
+        /// Per-thread sent counts, per QP of that thread, filled when its sends complete.
+        sent_per_qp: Mutex<Vec<Option<Vec<u64>>>>,
+        /// The peer's per-QP counts, once its `Done` arrived.
+        peer_per_qp: OnceLock<Vec<u64>>,
+    }
+
+    fn pin(cpu: usize) {
+        // SAFETY: a zeroed cpu_set_t is valid; we set one bit and apply it to this thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+
+    pub(super) fn drive(
+        runs: &[SizeRun],
+        chan: &mut Channel,
+        send: bool,
+        receive: bool,
+        peer_sends: bool,
+        announce: bool,
+    ) -> Result<SideOutcome> {
+        let SizeRun { spec, size, clock, timeout_ns, .. } = runs[0];
+        let n = spec.threads as usize;
+        let peer = chan.peer().to_string();
+        // Lane i goes to thread i % n; each thread's per-QP results come back in that order.
+        let groups: Vec<Vec<usize>> = (0..n).map(|t| (t..runs.len()).step_by(n).collect()).collect();
+        let shared = Shared {
+            abort: AtomicBool::new(false),
+            progress: AtomicU64::new(0),
+            sent: AtomicUsize::new(0),
+            sent_per_qp: Mutex::new(vec![None; n]),
+            peer_per_qp: OnceLock::new(),
+        };
+        let ncpu = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let start = clock.now();
+        let outcomes = std::thread::scope(|scope| -> Result<Vec<LaneOutcome>> {
+            let handles: Vec<_> = groups
+                .iter()
+                .enumerate()
+                .map(|(t, lanes)| {
+                    let my_runs: Vec<SizeRun> = lanes.iter().map(|&i| runs[i]).collect();
+                    let (shared, peer) = (&shared, peer.clone());
+                    let my_peer_share = lanes.clone();
+                    scope.spawn(move || -> Result<LaneOutcome> {
+                        pin(t % ncpu);
+                        let mut set = LaneSet::new(&my_runs, send, receive, start);
+                        let mut reported = false;
+                        loop {
+                            if shared.abort.load(Ordering::Relaxed) {
+                                return Err(Error::Peer(
+                                    "stopped: another thread or the control channel failed".into(),
+                                ));
+                            }
+                            if set.step(&peer)? > 0 {
+                                shared.progress.fetch_add(1, Ordering::Relaxed);
+                            }
+                            if !reported && set.sending_finished() {
+                                shared.sent_per_qp.lock().expect("no poisoning")[t] = Some(set.sent_per_qp());
+                                shared.sent.fetch_add(1, Ordering::Release);
+                                reported = true;
+                            }
+                            let theirs = !peer_sends
+                                || shared.peer_per_qp.get().is_some_and(|all| {
+                                    let mine: Vec<u64> = my_peer_share.iter().map(|&i| all[i]).collect();
+                                    set.receiving_finished(&mine)
+                                });
+                            if reported && theirs {
+                                return set.finish(&peer);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            let coordinated = coordinate(chan, &shared, n, announce, peer_sends, size, runs.len(), &groups, timeout_ns);
+            if coordinated.is_err() {
+                shared.abort.store(true, Ordering::Relaxed);
+            }
+            let mut outcomes = Vec::with_capacity(n);
+            let mut first_err = coordinated.err();
+            for h in handles {
+                match h.join().expect("worker threads do not panic") {
+                    Ok(o) => outcomes.push(o),
+                    Err(e) => {
+                        shared.abort.store(true, Ordering::Relaxed);
+                        if first_err.is_none() {
+                            first_err = Some(e);
+                        }
+                    }
+                }
+            }
+            match first_err {
+                Some(e) => Err(e),
+                None => Ok(outcomes),
+            }
+        })?;
+        // Combine: per-QP counts back in lane order, rates summed over threads.
+        let mut sent_per_qp = vec![0; runs.len()];
+        for (lanes, o) in groups.iter().zip(&outcomes) {
+            for (&i, &c) in lanes.iter().zip(&o.sent_per_qp) {
+                sent_per_qp[i] = c;
+            }
+        }
+        let per_thread: Vec<ThroughputSummary> = outcomes.iter().filter_map(|o| o.sent.clone()).collect();
+        let sent = send.then(|| {
+            let messages: u64 = per_thread.iter().map(|t| t.messages).sum();
+            let elapsed = per_thread.iter().map(|t| t.elapsed_ns).max().unwrap_or(0);
+            let peak: f64 = per_thread.iter().map(|t| t.peak_bytes_per_sec).sum::<f64>() / size.max(1) as f64;
+            let summary = ThroughputSummary::new(size, messages, elapsed, Some(peak));
+            BandwidthRun { iterations: messages, summary }
+        });
+        let received = outcomes.iter().filter_map(|o| o.received).reduce(|a, b| a + b);
+        let data_error = outcomes.into_iter().find_map(|o| o.data_error);
+        let peer_per_qp = shared.peer_per_qp.get().cloned().unwrap_or_default();
+        Ok(SideOutcome {
+            sent,
+            peer_total: peer_sends.then(|| peer_per_qp.iter().sum()),
+            peer_per_qp,
+            sent_per_qp,
+            received,
+            data_error,
+            per_thread,
+        })
+    }
+
+    /// The coordinator: heartbeats, the peer's `Done`, our own `Done` once every worker's
+    /// sends completed, signals and the deadline. Returns when the workers are done.
+    #[allow(clippy::too_many_arguments)]
+    fn coordinate(
+        chan: &mut Channel,
+        shared: &Shared,
+        threads: usize,
+        announce: bool,
+        peer_sends: bool,
+        size: u64,
+        qps: usize,
+        groups: &[Vec<usize>],
+        timeout_ns: u64,
+    ) -> Result<()> {
+        let mut announced = !announce;
+        let mut seen = shared.progress.load(Ordering::Relaxed);
+        let mut quiet_since = std::time::Instant::now();
+        let timeout = Duration::from_nanos(timeout_ns);
+        loop {
+            std::thread::sleep(Duration::from_millis(1));
+            signals::check()?;
+            chan.heartbeat_if_due()?;
+            let sent = shared.sent.load(Ordering::Acquire);
+            if !announced && sent == threads {
+                let mut per_qp = vec![0; qps];
+                for (lanes, counts) in groups.iter().zip(shared.sent_per_qp.lock().expect("no poisoning").iter()) {
+                    for (&i, &c) in lanes.iter().zip(counts.iter().flatten()) {
+                        per_qp[i] = c;
+                    }
+                }
+                chan.send(&Message::Done { size, iterations: per_qp.iter().sum(), per_qp })?;
+                announced = true;
+            }
+            if peer_sends
+                && shared.peer_per_qp.get().is_none()
+                && let Some(per) = peer_done(chan, peer_sends, size, qps)?
+            {
+                let _ = shared.peer_per_qp.set(per);
+                quiet_since = std::time::Instant::now();
+            }
+            let now = shared.progress.load(Ordering::Relaxed);
+            if now != seen {
+                seen = now;
+                quiet_since = std::time::Instant::now();
+            }
+            let workers_done = sent == threads && (!peer_sends || shared.peer_per_qp.get().is_some());
+            if announced && workers_done {
+                return Ok(());
+            }
+            if quiet_since.elapsed() >= timeout {
+                return Err(stalled(chan.peer(), timeout_ns));
+            }
+        }
     }
 }
 
@@ -448,6 +715,7 @@ pub fn server(runs: &[SizeRun], chan: &mut Channel) -> Result<(u64, Option<Strin
                 sent_per_qp: Vec::new(),
                 received: None,
                 data_error: None,
+                per_thread: Vec::new(),
             },
             other => return Err(Error::Peer(format!("{} sent {} instead of done", chan.peer(), other.kind()))),
         }

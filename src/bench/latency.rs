@@ -230,7 +230,7 @@ impl Limit {
 fn ping_pong_client(run: &SizeRun, chan: &mut Channel) -> Result<LatencyRun> {
     let SizeRun { link, spec, size, clock, timeout_ns } = *run;
     let mut p = PingPong::new(link, spec, size);
-    let mut ring = link.receives.borrow_mut();
+    let mut ring = link.receives.lock().expect("no poisoning");
     let mut recorder = LatencyRecorder::new();
     let peer = chan.peer().to_string();
     let limit = Limit::new(spec, clock);
@@ -329,7 +329,7 @@ pub fn server(run: &SizeRun, chan: &mut Channel) -> Result<EchoOutcome> {
     }
     let SizeRun { link, spec, size, clock, timeout_ns } = *run;
     let mut p = PingPong::new(link, spec, size);
-    let mut ring = link.receives.borrow_mut();
+    let mut ring = link.receives.lock().expect("no poisoning");
     let peer = chan.peer().to_string();
     let mut data_error = None;
     let mut i = 0u64;

@@ -7,8 +7,7 @@
 //! send region into the local receive region; atomics target the first 8 bytes of the
 //! peer's receive region and return the old value into the local send region.
 
-use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::bench::spec::{Measure, Operation, TestSpec, check_against_device};
 use crate::bench::wait::RecvRing;
@@ -99,7 +98,7 @@ pub struct Link {
     pub mtu: u32,
     pub rd_atomic: u32,
     /// The posted receives of send and write-with-immediate tests; they live across sizes.
-    pub receives: RefCell<Option<RecvRing>>,
+    pub receives: Mutex<Option<RecvRing>>,
 }
 
 pub fn hostname() -> String {
@@ -223,13 +222,13 @@ impl Prepared {
                 inline_size,
                 mtu,
                 rd_atomic,
-                receives: RefCell::new(None),
+                receives: Mutex::new(None),
             };
             if spec.uses_receives() {
                 // Posted now, before either side may send. Latency reposts each receive at
                 // once; bandwidth reposts in batches of an eighth of the queue.
                 let batch = if spec.measure == Measure::Latency { 1 } else { (layout.rx_depth as usize / 8).max(1) };
-                *link.receives.borrow_mut() = Some(RecvRing::new(&link, batch)?);
+                *link.receives.lock().expect("no poisoning") = Some(RecvRing::new(&link, batch)?);
             }
             links.push(link);
         }

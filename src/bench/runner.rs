@@ -60,7 +60,7 @@ pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResul
         version: PROTOCOL_VERSION,
         tool_version: env!("CARGO_PKG_VERSION").into(),
         node: hostname(),
-        spec: spec.clone(),
+        spec: Box::new(spec.clone()),
     })?;
     let welcome = chan.recv("the server's welcome")?;
     if let Message::Welcome { node, .. } = &welcome {
@@ -161,6 +161,7 @@ fn measure_size(runs: &[SizeRun], chan: &mut Channel, cpu_util: bool) -> Result<
     let cpu = CpuMeter::start();
     let mut histogram = None;
     let mut per_qp = Vec::new();
+    let mut per_thread = Vec::new();
     let (iterations, duration_ns, latency, bandwidth) = match spec.measure {
         Measure::Latency => {
             let lat = latency::client(run, chan)?;
@@ -180,6 +181,7 @@ fn measure_size(runs: &[SizeRun], chan: &mut Channel, cpu_util: bool) -> Result<
                 }
             }
             per_qp = side.sent_per_qp;
+            per_thread = side.per_thread;
             let bw = side.sent.expect("the client always sends");
             (bw.iterations, bw.summary.elapsed_ns, None, Some(bw.summary))
         }
@@ -217,6 +219,7 @@ fn measure_size(runs: &[SizeRun], chan: &mut Channel, cpu_util: bool) -> Result<
         latency,
         bandwidth,
         reverse_bandwidth,
+        per_thread,
         data_validated: spec.validate_data,
         cpu_util_pct,
         delivered,

@@ -89,6 +89,9 @@ pub struct TestSpec {
     /// `-q`: queue pairs per side (bandwidth); each sends `iterations` messages.
     #[serde(default = "one")]
     pub num_qps: u32,
+    /// `--threads`: worker threads the QPs are spread over (bandwidth), each pinned.
+    #[serde(default = "one")]
+    pub threads: u32,
     /// `-b`: both sides send at once (bandwidth); both directions are reported.
     #[serde(default)]
     pub bidirectional: bool,
@@ -139,6 +142,7 @@ impl TestSpec {
             cq_mod: 100,
             events: false,
             num_qps: 1,
+            threads: 1,
             bidirectional: false,
             post_list: None,
             rx_depth: 512,
@@ -265,6 +269,12 @@ impl TestSpec {
             return Err(Error::Usage(
                 "-q applies to bandwidth tests: a latency test measures one message in flight on one QP".into(),
             ));
+        }
+        if self.threads == 0 || self.threads > self.num_qps {
+            return Err(Error::Usage(format!(
+                "--threads {} needs at least as many QPs (-q {}); use --threads 1..={} or raise -q",
+                self.threads, self.num_qps, self.num_qps
+            )));
         }
         if self.bidirectional && self.measure == Measure::Latency {
             return Err(Error::Usage(
@@ -640,6 +650,12 @@ mod tests {
         s.num_qps = 2;
         assert!(usage(s.check()).contains("bandwidth tests"));
         s.num_qps = 1;
+        let mut t = spec();
+        t.num_qps = 4;
+        t.threads = 2;
+        t.check().unwrap();
+        t.threads = 5;
+        assert!(usage(t.check()).contains("--threads 1..=4"));
         s.bidirectional = true;
         assert!(usage(s.check()).contains("-b applies to bandwidth"));
     }

@@ -61,6 +61,9 @@ pub struct SizeResult {
     pub latency: Option<LatencyResult>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bandwidth: Option<ThroughputSummary>,
+    /// With `--threads`: each client thread's part of `bandwidth`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_thread: Vec<ThroughputSummary>,
     /// With `-b`: the server-to-client direction (`bandwidth` is client to server).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reverse_bandwidth: Option<ThroughputSummary>,

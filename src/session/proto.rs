@@ -50,7 +50,7 @@ pub enum Message {
         version: u32,
         tool_version: String,
         node: String,
-        spec: TestSpec,
+        spec: Box<TestSpec>,
     },
     Welcome {
         version: u32,
@@ -158,13 +158,13 @@ mod tests {
             version,
             tool_version: "0.1.0".into(),
             node: "a".into(),
-            spec: TestSpec {
+            spec: Box::new(TestSpec {
                 sizes: vec![2, 4],
                 iterations: 10,
                 inline_size: Some(64),
                 validate_data: true,
                 ..TestSpec::new(Operation::Write, Measure::Latency)
-            },
+            }),
         }
     }
 

@@ -98,6 +98,12 @@ pub struct Qp {
     pub psn: u32,
 }
 
+// libibverbs objects may be used from any thread; rdmabench gives each QP (and its CQs
+// and requests) to one thread at a time.
+unsafe impl Send for Qp {}
+unsafe impl Sync for Qp {}
+unsafe impl Send for RecvRequest {}
+
 fn os_text<E: std::error::Error>(e: &E) -> String {
     std::error::Error::source(e).map(|s| s.to_string()).unwrap_or_else(|| e.to_string())
 }
