@@ -341,23 +341,37 @@ impl Qp {
     /// Sleeps until a completion event arrives or `wait` passes; true when one arrived
     /// (it is acknowledged at once).
     pub fn wait_event(&self, wait: std::time::Duration) -> Result<bool> {
-        let Some(ch) = &self.channel else { return Ok(false) };
-        let mut pfd = libc::pollfd { fd: ch.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, wait.as_millis().min(i32::MAX as u128) as i32) };
-        if n <= 0 {
-            return Ok(false);
+        wait_any_event(&[self], wait)
+    }
+}
+
+/// Sleeps until any of `qps`' completion channels has an event, or `wait` passes; takes
+/// and acknowledges every event that arrived. True when at least one did.
+pub fn wait_any_event(qps: &[&Qp], wait: std::time::Duration) -> Result<bool> {
+    let channels: Vec<&Arc<CompletionChannel>> = qps.iter().filter_map(|q| q.channel.as_ref()).collect();
+    if channels.is_empty() {
+        return Ok(false);
+    }
+    let mut fds: Vec<libc::pollfd> =
+        channels.iter().map(|ch| libc::pollfd { fd: ch.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+    // SAFETY: `fds` is a valid array of pollfd for its length.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, wait.as_millis().min(i32::MAX as u128) as i32) };
+    if n <= 0 {
+        return Ok(false);
+    }
+    for (ch, fd) in channels.iter().zip(&fds) {
+        if fd.revents & libc::POLLIN == 0 {
+            continue;
         }
         let mut cq: *mut ibv_cq = null_mut();
         let mut ctx: *mut std::ffi::c_void = null_mut();
         // SAFETY: the channel is alive and readable, so this does not block.
-        if unsafe { ibv_get_cq_event(ch.comp_channel().as_ptr(), &mut cq, &mut ctx) } != 0 {
-            return Ok(false);
+        if unsafe { ibv_get_cq_event(ch.comp_channel().as_ptr(), &mut cq, &mut ctx) } == 0 {
+            // SAFETY: acknowledging the one event just taken from this CQ.
+            unsafe { ibv_ack_cq_events(cq, 1) };
         }
-        // SAFETY: acknowledging the one event just taken from this CQ.
-        unsafe { ibv_ack_cq_events(cq, 1) };
-        Ok(true)
     }
+    Ok(true)
 }
 
 /// A work request with one scatter/gather entry, linkable into a chain.

@@ -1,0 +1,219 @@
+//! Windowed bandwidth, as perftest measures it: keep up to `tx_depth` operations in
+//! flight, request a completion every `cq_mod`, and time from the first post to the last
+//! completion. Whatever room the window has is posted as one chain (one doorbell). The
+//! peak is the best rate over a window of many completion batches (`stats::throughput`).
+//!
+//! The server is passive for write, read and atomics (it waits for `Done`, then checks
+//! what landed); for send and write with immediate it keeps its receive queue stocked,
+//! counts and checks every arrival.
+
+use crate::bench::link::{Link, SizeRun};
+use crate::bench::pattern;
+use crate::bench::spec::Operation;
+use crate::error::{Error, Result};
+use crate::session::{Channel, Message, PeerPoll};
+use crate::signals;
+use crate::stats::ThroughputSummary;
+
+mod lanes;
+mod threads;
+
+use lanes::{LaneOutcome, LaneSet};
+
+/// Empty polls between looks at the deadline, signals and the control channel.
+const IDLE_POLLS_PER_CHECK: u32 = 1024;
+/// Polls that found completions between heartbeat checks while data flows.
+const POLLS_PER_HEARTBEAT_CHECK: u32 = 64;
+
+pub struct BandwidthRun {
+    pub summary: ThroughputSummary,
+    pub iterations: u64,
+}
+
+/// What one side did in a bandwidth run.
+pub struct SideOutcome {
+    /// This side's sending direction, when it sent.
+    pub sent: Option<BandwidthRun>,
+    /// Messages the peer says it sent (from its `Done`), when it sent.
+    pub peer_total: Option<u64>,
+    /// The same per QP, in QP order.
+    pub peer_per_qp: Vec<u64>,
+    /// With `-q`: the messages each of this side's QPs sent.
+    pub sent_per_qp: Vec<u64>,
+    /// With `--threads`: each thread's sending direction.
+    pub per_thread: Vec<ThroughputSummary>,
+    /// Messages that arrived here (send and write-with-immediate tests).
+    pub received: Option<u64>,
+    pub data_error: Option<String>,
+}
+
+/// Runs this side's halves until both are finished: its own sends all completed (then,
+/// when `announce`, it tells the peer with `Done`), and, when the peer sends too, the
+/// peer's `Done` has come and its messages have arrived. With `--threads`, the lanes are
+/// spread over pinned worker threads and this thread keeps the control channel.
+fn drive(runs: &[SizeRun], chan: &mut Channel, send: bool, peer_sends: bool, announce: bool) -> Result<SideOutcome> {
+    let SizeRun { spec, size, clock, timeout_ns, .. } = runs[0];
+    let receive = peer_sends && spec.uses_receives();
+    if spec.threads > 1 {
+        return threads::drive(runs, chan, send, receive, peer_sends, announce);
+    }
+    let peer = chan.peer().to_string();
+    let start = clock.now();
+    let mut lanes = LaneSet::new(runs, send, receive, start);
+    let mut peer_per_qp: Option<Vec<u64>> = None;
+    let mut announced = !announce;
+    let mut idle = 0u32;
+    let mut busy = 0u32;
+    let mut last_progress = start;
+    loop {
+        let progress = lanes.step(&peer)?;
+        let mine_finished = lanes.sending_finished();
+        if !announced && mine_finished {
+            let per_qp = lanes.sent_per_qp();
+            chan.send(&Message::Done { size, iterations: per_qp.iter().sum(), per_qp })?;
+            announced = true;
+        }
+        let theirs_done = !peer_sends || peer_per_qp.as_ref().is_some_and(|per| lanes.receiving_finished(per));
+        if mine_finished && announced && theirs_done {
+            break;
+        }
+        if progress > 0 {
+            last_progress = clock.now();
+            busy += 1;
+            if busy.is_multiple_of(POLLS_PER_HEARTBEAT_CHECK) {
+                chan.heartbeat_if_due()?;
+            }
+            continue;
+        }
+        idle += 1;
+        if lanes.idle_wait()? {
+            idle = IDLE_POLLS_PER_CHECK;
+        }
+        if idle.is_multiple_of(IDLE_POLLS_PER_CHECK) {
+            signals::check()?;
+            chan.heartbeat_if_due()?;
+            if let Some(per) = peer_done(chan, peer_sends, size, runs.len())? {
+                peer_per_qp = Some(per);
+                last_progress = clock.now();
+            }
+            if clock.nanos(last_progress, clock.now()) >= timeout_ns {
+                return Err(stalled(&peer, timeout_ns));
+            }
+        }
+    }
+    let outcome = lanes.finish(&peer)?;
+    let peer_per_qp = peer_per_qp.unwrap_or_default();
+    Ok(SideOutcome {
+        sent: outcome.sent.map(|summary| BandwidthRun { iterations: summary.messages, summary }),
+        peer_total: peer_sends.then(|| peer_per_qp.iter().sum()),
+        peer_per_qp,
+        sent_per_qp: outcome.sent_per_qp,
+        received: outcome.received,
+        data_error: outcome.data_error,
+        per_thread: Vec::new(),
+    })
+}
+
+/// Looks for the peer's `Done` (returns its per-QP counts); any other message is an error.
+fn peer_done(chan: &mut Channel, peer_sends: bool, size: u64, qps: usize) -> Result<Option<Vec<u64>>> {
+    match chan.poll_peer("the bandwidth run")? {
+        PeerPoll::Quiet => Ok(None),
+        PeerPoll::Message(Message::Done { size: s, iterations, per_qp }) if peer_sends && s == size => {
+            Ok(Some(split_per_qp(iterations, per_qp, qps)))
+        }
+        PeerPoll::Message(m) => Err(Error::Peer(format!("{} sent {} in the middle of the run", chan.peer(), m.kind()))),
+    }
+}
+
+fn stalled(peer: &str, timeout_ns: u64) -> Error {
+    Error::Peer(format!(
+        "nothing moved for {:.1} s (--timeout): {peer} hung or died, or the link stalled",
+        timeout_ns as f64 / 1e9
+    ))
+}
+
+/// The peer's per-QP counts; a peer with one QP may leave `per_qp` empty.
+fn split_per_qp(total: u64, per_qp: Vec<u64>, qps: usize) -> Vec<u64> {
+    if per_qp.len() == qps {
+        per_qp
+    } else {
+        std::iter::once(total).chain(std::iter::repeat_n(0, qps.saturating_sub(1))).collect()
+    }
+}
+
+/// After reads: every landing slot holds the pattern of the remote slot it was read from.
+fn check_read_slots(run: &SizeRun, completed: u64, peer: &str) -> Result<()> {
+    let SizeRun { link, spec, size, .. } = *run;
+    if spec.operation != Operation::Read || !spec.validate_data {
+        return Ok(());
+    }
+    let l = &link.layout;
+    for slot in 0..l.recv_slots.min(completed) {
+        // SAFETY: all reads completed.
+        let got = unsafe { link.buf.bytes(l.recv_at(slot) as usize, size as usize) };
+        if let Some(off) = pattern::first_mismatch(got, slot % l.send_slots) {
+            return Err(Error::Check(format!("read data from {peer} is wrong in slot {slot}, byte {off}")));
+        }
+    }
+    Ok(())
+}
+
+/// The client's part: send, and with `-b` also take the server's traffic. Without `-b`
+/// the runner sends `Done` afterwards; with it, `drive` does as soon as sending ends.
+pub fn client(runs: &[SizeRun], chan: &mut Channel) -> Result<SideOutcome> {
+    let both = runs[0].spec.bidirectional;
+    drive(runs, chan, true, both, both)
+}
+
+/// The server side of one size: (messages it saw, first data error, its own direction
+/// with `-b`).
+pub fn server(runs: &[SizeRun], chan: &mut Channel) -> Result<(u64, Option<String>, Option<ThroughputSummary>)> {
+    let SizeRun { spec, size, .. } = runs[0];
+    let outcome = if spec.bidirectional || spec.uses_receives() {
+        drive(runs, chan, spec.bidirectional, true, spec.bidirectional)?
+    } else {
+        // Passive: nothing to poll, so sleep in the channel until the client's `Done`.
+        match chan.recv("the end of the bandwidth run")? {
+            Message::Done { size: s, iterations, per_qp } if s == size => SideOutcome {
+                sent: None,
+                peer_total: Some(iterations),
+                peer_per_qp: split_per_qp(iterations, per_qp, runs.len()),
+                sent_per_qp: Vec::new(),
+                received: None,
+                data_error: None,
+                per_thread: Vec::new(),
+            },
+            other => return Err(Error::Peer(format!("{} sent {} instead of done", chan.peer(), other.kind()))),
+        }
+    };
+    let peer_total = outcome.peer_total.unwrap_or(0);
+    let seen = outcome.received.unwrap_or(peer_total);
+    let data_error = outcome.data_error.or_else(|| landed_data_error(runs, &outcome.peer_per_qp));
+    Ok((seen, data_error, outcome.sent.map(|s| s.summary)))
+}
+
+/// The last message written to every receive slot must be intact.
+fn check_write_slots(link: &Link, size: u64, iterations: u64) -> Option<String> {
+    let l = &link.layout;
+    for slot in 0..l.recv_slots.min(iterations) {
+        let last = slot + ((iterations - 1 - slot) / l.recv_slots) * l.recv_slots;
+        // SAFETY: the peer finished: nothing writes this memory any more.
+        let body = unsafe { link.buf.bytes(l.recv_at(slot) as usize, size as usize) };
+        if let Some(b) = pattern::first_mismatch(body, last) {
+            return Some(format!("data mismatch in message {last} (slot {slot}), byte {b} of a {size}-byte message"));
+        }
+    }
+    None
+}
+
+/// Checks what the peer's one-sided operations left in this side's memory, QP by QP: the
+/// atomic counter, and the last message written to every receive slot.
+pub fn landed_data_error(runs: &[SizeRun], peer_per_qp: &[u64]) -> Option<String> {
+    runs.iter().zip(peer_per_qp).find_map(|(run, &n)| {
+        crate::bench::latency::atomic_counter_error(run, n).or_else(|| {
+            (run.spec.validate_data && run.spec.operation == Operation::Write)
+                .then(|| check_write_slots(run.link, run.size, n))
+                .flatten()
+        })
+    })
+}
