@@ -96,7 +96,6 @@ pub struct Link {
     pub layout: Layout,
     pub inline_size: u32,
     pub mtu: u32,
-    pub rd_atomic: u32,
     /// The posted receives of send and write-with-immediate tests; they live across sizes.
     pub receives: Mutex<Option<RecvRing>>,
 }
@@ -221,7 +220,6 @@ impl Prepared {
                 layout,
                 inline_size,
                 mtu,
-                rd_atomic,
                 receives: Mutex::new(None),
             };
             if spec.uses_receives() {

@@ -107,10 +107,6 @@ impl Channel {
         }
     }
 
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
     pub fn send(&mut self, msg: &Message) -> Result<()> {
         let bytes = frame::encode(msg).map_err(|e| Error::Check(format!("cannot encode {}: {e}", msg.kind())))?;
         self.stream.write_all(&bytes).map_err(|e| {

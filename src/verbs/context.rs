@@ -7,7 +7,7 @@ use sideway::ibverbs::device::DeviceInfo as _;
 use sideway::ibverbs::device_context::DeviceContext;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 
-use super::gid::{self, GidChoice, LinkLayer, SideChoice};
+use super::gid::{self, GidChoice, SideChoice};
 use super::inventory::{self, DeviceInfo, PortInfo};
 use crate::bench::spec::DeviceLimits;
 use crate::error::{Error, Result};
@@ -118,9 +118,5 @@ impl Rdma {
             gid: self.gid.gid.to_string(),
             usable: self.usable_gids(),
         }
-    }
-
-    pub fn is_ethernet(&self) -> bool {
-        self.port.link_layer == LinkLayer::Ethernet
     }
 }
