@@ -85,7 +85,7 @@ pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResul
             .iter()
             .map(|link| SizeRun { link, spec, size, clock: &clock, timeout_ns: opts.timeout_ns() })
             .collect();
-        let (r, hist) = measure_size(&runs, &mut chan, opts.cpu_util).inspect_err(|e| {
+        let (r, hist) = measure_size(&runs, &mut chan, opts).inspect_err(|e| {
             progress.clear();
             if !matches!(e, Error::Peer(_)) {
                 chan.abort(e);
@@ -145,7 +145,11 @@ impl Progress {
 }
 
 /// Runs one size on every QP (`runs`, one per QP; latency uses the first).
-fn measure_size(runs: &[SizeRun], chan: &mut Channel, cpu_util: bool) -> Result<(SizeResult, Option<Histogram<u64>>)> {
+fn measure_size(
+    runs: &[SizeRun],
+    chan: &mut Channel,
+    opts: &RunOptions,
+) -> Result<(SizeResult, Option<Histogram<u64>>)> {
     let run = &runs[0];
     let SizeRun { spec, size, .. } = *run;
     for r in runs {
@@ -165,7 +169,9 @@ fn measure_size(runs: &[SizeRun], chan: &mut Channel, cpu_util: bool) -> Result<
     let (iterations, duration_ns, latency, bandwidth) = match spec.measure {
         Measure::Latency => {
             let lat = latency::client(run, chan)?;
-            histogram = Some(lat.recorder.histogram().clone());
+            if opts.histogram.is_some() {
+                histogram = Some(lat.recorder.histogram().clone());
+            }
             let (kind, scale) = if latency::is_ping_pong(spec) { ("one_way", 0.5) } else { ("round_trip", 1.0) };
             let summary = lat.recorder.summary(scale);
             let result = LatencyResult { kind: kind.into(), unit: "ns".into(), summary };
@@ -186,7 +192,7 @@ fn measure_size(runs: &[SizeRun], chan: &mut Channel, cpu_util: bool) -> Result<
             (bw.iterations, bw.summary.elapsed_ns, None, Some(bw.summary))
         }
     };
-    let cpu_util_pct = cpu_util.then(|| cpu.percent());
+    let cpu_util_pct = opts.cpu_util.then(|| cpu.percent());
     if !(spec.bidirectional && spec.measure == Measure::Bandwidth) {
         chan.send(&Message::Done { size, iterations, per_qp })?;
     }
