@@ -162,6 +162,10 @@ pub struct TestArgs {
     /// Fill every message with a per-iteration pattern and check it where it lands.
     #[arg(long = "validate-data")]
     pub validate_data: bool,
+    /// Connect the QPs with rdma_cm (RC) instead of exchanging QP numbers over the control
+    /// channel, which still carries the test spec and the results.
+    #[arg(short = 'R', long = "rdma-cm", visible_alias = "rdma_cm")]
+    pub rdma_cm: bool,
     /// Seconds the client keeps retrying to reach its server (and the server waits for a client).
     #[arg(long = "connect-timeout", default_value_t = 60.0, value_name = "SECS")]
     pub connect_timeout: f64,
@@ -203,6 +207,7 @@ impl TestArgs {
             inline_size: self.inline,
             mtu: self.mtu,
             validate_data: self.validate_data,
+            rdma_cm: self.rdma_cm,
             corrupt_at: self.corrupt_at,
             ..d
         }
@@ -224,7 +229,7 @@ impl TestArgs {
     /// Test flags given to a server, which ignores them in favour of the client's spec.
     pub fn test_flags_given(&self) -> Vec<&'static str> {
         let mut v = Vec::new();
-        let flags: [(&'static str, bool); 18] = [
+        let flags: [(&'static str, bool); 19] = [
             ("-c", self.transport != Transport::Rc),
             ("-r", self.rx_depth != 512),
             ("--with-imm", self.with_imm),
@@ -243,6 +248,7 @@ impl TestArgs {
             ("-m", self.mtu.is_some()),
             ("--validate-data", self.validate_data),
             ("-Q", self.cq_mod.is_some()),
+            ("-R", self.rdma_cm),
         ];
         for (f, given) in flags {
             if given {

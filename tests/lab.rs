@@ -475,6 +475,8 @@ fn lab_refused_combinations_say_why() {
         ("send-bw", &["-c", "UD", "-s", "8192"], &["one MTU", "-s 1..=4096"]),
         ("read-bw", &["--outstanding-reads", "1000"], &["max_qp_rd_atom", "--outstanding-reads 1..="]),
         ("send-bw", &["-r", "0"], &["rx depth 0", "-r 1"]),
+        ("send-bw", &["-R", "-c", "UD"], &["-R connects RC", "drop -R"]),
+        ("write-bw", &["-R", "-c", "UC"], &["-R connects RC", "drop -R"]),
     ];
     for (test, extra, parts) in cases {
         let mut args = vec![*test, "-p", "19997", "--connect-timeout", "1"];
@@ -622,4 +624,32 @@ fn lab_threads_split_the_qps_and_report_each() {
     let out = run(&["write-bw", "-q", "2", "--threads", "3", "-p", "19993", "--connect-timeout", "1", &server_addr()]);
     assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(out.stderr.contains("--threads 1..=2"), "{}", out.stderr);
+}
+
+#[test]
+fn lab_rdma_cm_connects_every_rc_operation() {
+    for (test, extra) in [
+        ("write-lat", &[][..]),
+        ("write-bw", &["-q", "2", "--validate-data", "-s", "4096"]),
+        ("read-lat", &[]),
+        ("read-bw", &["--validate-data", "-s", "4096"]),
+        ("send-lat", &["--with-imm"]),
+        ("send-bw", &["-q", "3", "--validate-data", "-s", "1024"]),
+        ("atomic-lat", &["-A", "CMP_AND_SWP"]),
+        ("atomic-bw", &[]),
+        ("write-bw", &["-m", "1024", "-s", "8192", "--validate-data"]),
+    ] {
+        let mut args = vec!["-R", "-n", "300", "--json", "-"];
+        args.extend_from_slice(extra);
+        let what = format!("{test} {args:?}");
+        let (c, s) = ok_pair(test, &args);
+        let doc = valid_doc(&c.stdout);
+        assert_eq!(doc["spec"]["rdma_cm"], true, "{what}");
+        let qps = if extra.contains(&"-q") { extra[1].parse::<u64>().unwrap() } else { 1 };
+        assert_eq!(doc["results"][0]["iterations"], 300 * qps, "{what}");
+        let mtu = if extra.contains(&"-m") { 1024 } else { 4096 };
+        assert_eq!(doc["environment"]["mtu"], mtu, "{what}");
+        assert!(c.stderr.contains("RC (rdma_cm)"), "{what}: {}", c.stderr);
+        assert!(s.stdout.contains("RC (rdma_cm)"), "{what}: the server follows the client's -R: {}", s.stdout);
+    }
 }

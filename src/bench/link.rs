@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::report::{Environment, PeerEnvironment};
 use crate::session::{Channel, Endpoint, Message};
 use crate::stats::Clock;
+use crate::verbs::cm::{self, CmConnection, CmListener};
 use crate::verbs::gid::{self, Family, GidKind, LinkLayer, SideChoice};
 use crate::verbs::qp::GRH_BYTES;
 use crate::verbs::{DeviceSelection, Qp, QpCaps, Rdma, RegisteredBuf, Transport};
@@ -98,6 +99,8 @@ pub struct Link {
     pub mtu: u32,
     /// The posted receives of send and write-with-immediate tests; they live across sizes.
     pub receives: Mutex<Option<RecvRing>>,
+    /// With `-R`: the rdma_cm connection, disconnected when the link goes.
+    _cm: Option<CmConnection>,
 }
 
 pub fn hostname() -> String {
@@ -157,6 +160,7 @@ impl Prepared {
                 rkey: buf.rkey(),
                 buf_len: buf.len() as u64,
                 max_inline,
+                cm_addr: None,
             };
             lanes.push((qp, buf, local));
         }
@@ -175,8 +179,13 @@ impl Prepared {
 
     fn try_connect(self, role: Role, spec: &TestSpec, chan: &mut Channel) -> Result<Vec<Link>> {
         let Prepared { lanes, rdma, layout, inline_size, rd_atomic } = self;
+        let listener = match role {
+            Role::Server if spec.rdma_cm => Some(CmListener::listen(&rdma)?),
+            _ => None,
+        };
         let mut links = Vec::with_capacity(lanes.len());
-        for (mut qp, buf, local) in lanes {
+        for (mut qp, buf, mut local) in lanes {
+            local.cm_addr = listener.as_ref().map(|l| l.address.to_string());
             let remote = match role {
                 Role::Client => {
                     chan.send(&Message::Endpoint(Box::new(local.clone())))?;
@@ -210,7 +219,22 @@ impl Prepared {
                 Some(m) => m,
                 None => local.active_mtu.min(remote.active_mtu),
             };
-            qp.connect(&rdma, &remote, mtu, rd_atomic as u8)?;
+            let rd_atomic = rd_atomic as u8;
+            let cm = match (&listener, role) {
+                (Some(l), _) => Some(l.accept(&rdma, &qp, remote.qpn, rd_atomic, spec.mtu, chan)?),
+                (None, Role::Client) if spec.rdma_cm => {
+                    let announced = remote
+                        .cm_addr
+                        .as_deref()
+                        .ok_or_else(|| Error::Peer(format!("{} offered no rdma_cm address for -R", chan.peer())))?;
+                    let dst = cm::target(announced, &rdma)?;
+                    Some(cm::connect(&rdma, &qp, dst, rd_atomic, spec.mtu, chan)?)
+                }
+                _ => {
+                    qp.connect(&rdma, &remote, mtu, rd_atomic)?;
+                    None
+                }
+            };
             let link = Link {
                 qp,
                 buf,
@@ -221,6 +245,7 @@ impl Prepared {
                 inline_size,
                 mtu,
                 receives: Mutex::new(None),
+                _cm: cm,
             };
             if spec.uses_receives() {
                 // Posted now, before either side may send. Latency reposts each receive at

@@ -112,6 +112,9 @@ pub struct TestSpec {
     pub mtu: Option<u32>,
     /// Fill every message with a per-iteration pattern and check it where it lands.
     pub validate_data: bool,
+    /// `-R`: connect the QPs with rdma_cm instead of the endpoint exchange.
+    #[serde(default)]
+    pub rdma_cm: bool,
     /// Fault injection for tests: flip one payload byte at this iteration (needs validate_data).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub corrupt_at: Option<u64>,
@@ -150,6 +153,7 @@ impl TestSpec {
             inline_size: None,
             mtu: None,
             validate_data: false,
+            rdma_cm: false,
             corrupt_at: None,
         }
     }
@@ -324,6 +328,13 @@ impl TestSpec {
                 )));
             }
         }
+        if self.rdma_cm && self.transport != Transport::Rc {
+            return Err(Error::Usage(format!(
+                "-R connects RC queue pairs: rdma_cm's connected port space has no {0} QPs, and {0} over rdma_cm \
+                 is not supported here; drop -R (the default exchange connects {0})",
+                self.transport.label()
+            )));
+        }
         if self.with_imm && !matches!(self.operation, Operation::Write | Operation::Send) {
             return Err(Error::Usage(format!("--with-imm applies to write and send tests, not {op}")));
         }
@@ -489,6 +500,22 @@ mod tests {
         assert!(usage(s.check()).contains("-D"));
         s.duration_secs = Some(f64::NAN);
         assert!(usage(s.check()).contains("-D"));
+    }
+
+    #[test]
+    fn rdma_cm_connects_rc_only() {
+        for op in [Operation::Write, Operation::Read, Operation::Send, Operation::Atomic] {
+            let mut s = TestSpec::new(op, Measure::Bandwidth);
+            s.rdma_cm = true;
+            s.check().unwrap();
+        }
+        for (op, transport) in [(Operation::Send, Transport::Ud), (Operation::Write, Transport::Uc)] {
+            let mut s = TestSpec::new(op, Measure::Latency);
+            s.rdma_cm = true;
+            s.transport = transport;
+            let m = usage(s.check());
+            assert!(m.contains("-R connects RC") && m.contains(transport.label()) && m.contains("drop -R"), "{m}");
+        }
     }
 
     #[test]

@@ -33,7 +33,8 @@ pub fn banner(out: &mut dyn Write, spec: &TestSpec, env: &Environment, role: &st
     writeln!(out, "{RULE}")?;
     writeln!(out, "                    {op} {kind} Test (rdmabench {}, {role})", env.tool_version)?;
     writeln!(out, " Device         : {} port {}\t\tLink type      : {}", env.device, env.port, env.link_layer)?;
-    writeln!(out, " Connection type: {}\t\t\tMtu            : {}[B]", spec.transport.label(), env.mtu)?;
+    let connection = format!("{}{}", spec.transport.label(), if spec.rdma_cm { " (rdma_cm)" } else { "" });
+    writeln!(out, " Connection type: {connection}\t\t\tMtu            : {}[B]", env.mtu)?;
     writeln!(out, " TX depth       : {}\t\t\tCQ moderation  : {}", spec.tx_depth, spec.effective_cq_mod())?;
     writeln!(
         out,

@@ -22,6 +22,8 @@ pub struct Channel {
     peer: String,
     timeout: Duration,
     rbuf: Vec<u8>,
+    /// A message read early (while waiting on something else), returned by the next read.
+    kept: Option<Message>,
     last_sent: Instant,
 }
 
@@ -93,10 +95,15 @@ impl Channel {
     fn new(stream: TcpStream, peer: String, timeout: Duration) -> Result<Channel> {
         let _ = stream.set_nodelay(true);
         stream.set_write_timeout(Some(timeout)).map_err(|e| Error::Environment(format!("socket: {e}")))?;
-        Ok(Channel { stream, peer, timeout, rbuf: Vec::with_capacity(4096), last_sent: Instant::now() })
+        Ok(Channel { stream, peer, timeout, rbuf: Vec::with_capacity(4096), kept: None, last_sent: Instant::now() })
     }
 
     /// How the peer is named in messages: its node name once known, and its address.
+    /// The longest wait for the peer (`--timeout`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     pub fn peer(&self) -> &str {
         &self.peer
     }
@@ -135,6 +142,9 @@ impl Channel {
     }
 
     pub fn recv_within(&mut self, waiting_for: &str, wait: Duration) -> Result<Message> {
+        if let Some(msg) = self.kept.take() {
+            return Ok(msg);
+        }
         let mut deadline = Instant::now() + wait;
         loop {
             if let Some(msg) = self.take_frame()? {
@@ -176,6 +186,9 @@ impl Channel {
     /// Non-blocking: reads whatever has arrived. Err when the peer closed the connection
     /// or aborted; `Message` for anything but a heartbeat.
     pub fn poll_peer(&mut self, during: &str) -> Result<PeerPoll> {
+        if let Some(msg) = self.kept.take() {
+            return Ok(PeerPoll::Message(msg));
+        }
         let mut tmp = [0u8; 4096];
         // SAFETY: `tmp` is a valid writable buffer of the given length; MSG_DONTWAIT never blocks.
         let n = unsafe { libc::recv(self.stream.as_raw_fd(), tmp.as_mut_ptr().cast(), tmp.len(), libc::MSG_DONTWAIT) };
@@ -197,6 +210,12 @@ impl Channel {
                 None => return Ok(PeerPoll::Quiet),
             }
         }
+    }
+
+    /// Puts back a message that `poll_peer` returned early, for the next read.
+    pub fn keep(&mut self, msg: Message) {
+        debug_assert!(self.kept.is_none(), "one message kept at a time");
+        self.kept = Some(msg);
     }
 
     fn take_frame(&mut self) -> Result<Option<Message>> {

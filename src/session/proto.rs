@@ -40,6 +40,9 @@ pub struct Endpoint {
     pub rkey: u32,
     pub buf_len: u64,
     pub max_inline: u32,
+    /// With `-R`, the server's rdma_cm listening address (`ip:port`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cm_addr: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

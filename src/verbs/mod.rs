@@ -4,9 +4,10 @@
 //! `context` opens a device/port and checks it; `buffer` owns registered memory;
 //! `qp` creates and connects queue pairs and exposes the raw post/poll calls that the
 //! measurement kernels use (pre-built work requests, no allocation per post);
-//! `memlock` explains registration failures.
+//! `memlock` explains registration failures; `cm` connects QPs with rdma_cm (`-R`).
 
 pub mod buffer;
+pub mod cm;
 pub mod context;
 pub mod gid;
 pub mod inventory;

@@ -209,24 +209,7 @@ impl Qp {
     pub fn connect(&mut self, rdma: &Rdma, remote: &Endpoint, mtu: u32, rd_atomic: u8) -> Result<()> {
         use ibv_qp_attr_mask as m;
         let av = address_vector(rdma, remote)?;
-        // SAFETY: all-zero is a valid ibv_qp_attr.
-        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = ibv_qp_state::IBV_QPS_INIT;
-        a.pkey_index = 0;
-        a.port_num = rdma.port.port;
-        let mut mask = m::IBV_QP_STATE.0 | m::IBV_QP_PKEY_INDEX.0 | m::IBV_QP_PORT.0;
-        match self.transport {
-            Transport::Ud => {
-                a.qkey = UD_QKEY;
-                mask |= m::IBV_QP_QKEY.0;
-            }
-            Transport::Rc | Transport::Uc => {
-                a.qp_access_flags = 1 | 2 | 4 | if self.transport == Transport::Rc { 8 } else { 0 };
-                mask |= m::IBV_QP_ACCESS_FLAGS.0;
-            }
-        }
-        self.modify(&mut a, mask, "INIT")?;
-
+        self.init(rdma)?;
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv_qp_state::IBV_QPS_RTR;
         let mut mask = m::IBV_QP_STATE.0;
@@ -268,6 +251,55 @@ impl Qp {
             self.ah = Some(AddressHandle::new(&rdma.pd, &mut av)?);
         }
         Ok(())
+    }
+
+    /// RESET -> INIT on this side's port, with the access the test's operations need.
+    pub fn init(&self, rdma: &Rdma) -> Result<()> {
+        use ibv_qp_attr_mask as m;
+        // SAFETY: all-zero is a valid ibv_qp_attr.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = rdma.port.port;
+        let mut mask = m::IBV_QP_STATE.0 | m::IBV_QP_PKEY_INDEX.0 | m::IBV_QP_PORT.0;
+        match self.transport {
+            Transport::Ud => {
+                a.qkey = UD_QKEY;
+                mask |= m::IBV_QP_QKEY.0;
+            }
+            Transport::Rc | Transport::Uc => {
+                a.qp_access_flags = 1 | 2 | 4 | if self.transport == Transport::Rc { 8 } else { 0 };
+                mask |= m::IBV_QP_ACCESS_FLAGS.0;
+            }
+        }
+        self.modify(&mut a, mask, "INIT")
+    }
+
+    /// Applies attributes rdma_cm computed for `step` (RTR or RTS), with the test's
+    /// own read/atomic depth and, when given, path MTU in place of the CM's.
+    pub fn apply_cm(
+        &self,
+        mut attr: ibv_qp_attr,
+        mask: i32,
+        step: &str,
+        rd_atomic: u8,
+        mtu: Option<u32>,
+    ) -> Result<()> {
+        use ibv_qp_attr_mask as m;
+        let mut mask = mask as u32;
+        if mask & m::IBV_QP_MAX_DEST_RD_ATOMIC.0 != 0 {
+            attr.max_dest_rd_atomic = rd_atomic;
+        }
+        if mask & m::IBV_QP_MAX_QP_RD_ATOMIC.0 != 0 {
+            attr.max_rd_atomic = rd_atomic;
+        }
+        if let Some(mtu) = mtu
+            && attr.qp_state == ibv_qp_state::IBV_QPS_RTR
+        {
+            attr.path_mtu = mtu_enum(mtu);
+            mask |= m::IBV_QP_PATH_MTU.0;
+        }
+        self.modify(&mut attr, mask, step)
     }
 
     /// The address handle of the peer (UD only).
