@@ -22,7 +22,7 @@ cases=(
   "write-lat 2B inline 0|write-lat|-s 2 -n 5000 -I 0|latency.p50_ns|0.001|ib_write_lat|-s 2 -n 5000 -I 0|5"
   "write-bw 64KiB|write-bw|-s 65536 -n 5000|bandwidth.avg_bytes_per_sec|9.5367431640625e-07|ib_write_bw|-s 65536 -n 5000|4"
   "write-bw 8B -l 16 (Mpps)|write-bw|-s 8 -n 20000 -l 16|bandwidth.msg_rate_mpps|1|ib_write_bw|-s 8 -n 20000 -l 16|5"
-  "write-bw 8B adaptive chains vs -l 16 (Mpps)|write-bw|-s 8 -n 20000|bandwidth.msg_rate_mpps|1|ib_write_bw|-s 8 -n 20000 -l 16|5"
+  "write-bw 8B adaptive chains vs plain, depth 128 (Mpps)|write-bw|-s 8 -n 20000 -t 128|bandwidth.msg_rate_mpps|1|ib_write_bw|-s 8 -n 20000 -t 128|5"
   "read-lat 2B (round trip)|read-lat|-s 2 -n 3000|latency.p50_ns|0.001|ib_read_lat|-s 2 -n 3000|5"
   "read-bw 64KiB|read-bw|-s 65536 -n 2000|bandwidth.avg_bytes_per_sec|9.5367431640625e-07|ib_read_bw|-s 65536 -n 2000|4"
   "send-lat 2B|send-lat|-s 2 -n 5000|latency.p50_ns|0.001|ib_send_lat|-s 2 -n 5000|5"
