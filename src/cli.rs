@@ -1,6 +1,7 @@
 //! Command-line definitions. Test flags keep perftest's short letters and meanings, so
 //! `rdmabench write-bw -d mlx5_0 -x 3 -s 65536 HOST` reads like `ib_write_bw`.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -9,6 +10,9 @@ use crate::bench::runner::RunOptions;
 use crate::bench::spec::{AtomicOp, Measure, Operation, TestSpec, Transport};
 use crate::error::{Error, Result};
 use crate::report::table::Units;
+use crate::validate::profiles::ProfileName;
+use crate::validate::sysfs::{TOPOLOGY_DIR, Tree};
+use crate::validate::{NcclFormat, Request};
 use crate::verbs::DeviceSelection;
 
 #[derive(Parser, Debug)]
@@ -26,6 +30,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check the RDMA this process (pod) was given against a platform mode; one line per
+    /// check, then a verdict. Exit 0: nothing failed; 1: a check failed; 3: no RDMA at all.
+    Validate(ValidateArgs),
+    /// Print NCCL_IB_HCA and NCCL_IB_GID_INDEX as the VKE document's nccl_env.sh computes
+    /// them: `eval "$(rdmabench nccl-env)"`.
+    NcclEnv(NcclArgs),
     /// RDMA WRITE latency (ping-pong, one-way = round trip / 2), like ib_write_lat.
     WriteLat(TestArgs),
     /// RDMA WRITE bandwidth and message rate, like ib_write_bw.
@@ -48,7 +58,7 @@ impl Command {
     /// The test a subcommand runs, with its flags.
     pub fn test(&self) -> Option<(Operation, Measure, &TestArgs)> {
         let (op, measure, args) = match self {
-            Command::Devices { .. } => return None,
+            Command::Devices { .. } | Command::Validate(_) | Command::NcclEnv(_) => return None,
             Command::WriteLat(a) => (Operation::Write, Measure::Latency, a),
             Command::WriteBw(a) => (Operation::Write, Measure::Bandwidth, a),
             Command::ReadLat(a) => (Operation::Read, Measure::Latency, a),
@@ -166,6 +176,10 @@ pub struct TestArgs {
     /// channel, which still carries the test spec and the results.
     #[arg(short = 'R', long = "rdma-cm", visible_alias = "rdma_cm")]
     pub rdma_cm: bool,
+    /// Check the pair against a platform mode: exclusive modes fail when both sides hold
+    /// the same physical NIC; every mode reports whether they share one.
+    #[arg(long, value_enum)]
+    pub profile: Option<ProfileName>,
     /// Seconds the client keeps retrying to reach its server (and the server waits for a client).
     #[arg(long = "connect-timeout", default_value_t = 60.0, value_name = "SECS")]
     pub connect_timeout: f64,
@@ -175,6 +189,97 @@ pub struct TestArgs {
     /// Fault injection for tests: corrupt one byte of message N (needs --validate-data).
     #[arg(long = "inject-corruption", hide = true, value_name = "N")]
     pub corrupt_at: Option<u64>,
+}
+
+/// Where the RDMA view is read from; fixtures in tests, another root for a host's tree.
+#[derive(Args, Debug, Clone)]
+pub struct TreeArgs {
+    /// Directory standing for /sys.
+    #[arg(long, default_value = "/sys", value_name = "DIR")]
+    pub sysfs_root: PathBuf,
+    /// Directory standing for /proc (self/status, self/limits, self/mounts).
+    #[arg(long, default_value = "/proc", value_name = "DIR")]
+    pub proc_root: PathBuf,
+    /// Directory standing for /dev (infiniband/uverbsN, nvidiaN).
+    #[arg(long, default_value = "/dev", value_name = "DIR")]
+    pub dev_root: PathBuf,
+    /// Where the NCCL topology file (virtualTopology.xml) is mounted on VKE.
+    #[arg(long, default_value = TOPOLOGY_DIR, value_name = "DIR")]
+    pub topology_dir: PathBuf,
+}
+
+impl TreeArgs {
+    pub fn tree(&self) -> Tree {
+        Tree {
+            sys: self.sysfs_root.clone(),
+            proc: self.proc_root.clone(),
+            dev: self.dev_root.clone(),
+            topology: self.topology_dir.clone(),
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ValidateArgs {
+    /// The platform mode to check against.
+    #[arg(long, value_enum)]
+    pub profile: ProfileName,
+    /// RDMA NICs the pod requested.
+    #[arg(long, value_name = "N")]
+    pub expect_nics: Option<u32>,
+    /// GPUs the pod requested (counted as /dev/nvidiaN).
+    #[arg(long, value_name = "G")]
+    pub expect_gpus: Option<u32>,
+    /// Memory to register as the proof that registration works: bytes, or with K/M/G (KiB...).
+    #[arg(long, default_value = "64M", value_parser = parse_bytes, value_name = "BYTES")]
+    pub mr_size: u64,
+    /// Write the checks as JSON to FILE, or to stdout with `-` (the lines then go to stderr).
+    #[arg(long, value_name = "FILE|-")]
+    pub json: Option<String>,
+    /// Write a JUnit XML report, one test case per check.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<String>,
+    #[command(flatten)]
+    pub tree: TreeArgs,
+}
+
+impl ValidateArgs {
+    pub fn request(&self) -> Request {
+        Request {
+            tree: self.tree.tree(),
+            profile: self.profile.profile(),
+            expect_nics: self.expect_nics,
+            expect_gpus: self.expect_gpus,
+            mr_size: self.mr_size,
+            json: self.json.clone(),
+            junit: self.junit.clone(),
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct NcclArgs {
+    /// export lines (for eval), NAME=value lines, or JSON.
+    #[arg(long, value_enum, default_value = "export")]
+    pub format: NcclFormat,
+    #[command(flatten)]
+    pub tree: TreeArgs,
+}
+
+/// A byte count: `67108864`, `64M`, `64MiB`, `1G`, `512K` (binary multiples).
+pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size; use bytes or K/M/G, e.g. 64M"))?;
+    let shift = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        _ => return Err(format!("unknown unit in {s:?}; use K, M or G (binary), e.g. 64M")),
+    };
+    n.checked_mul(1 << shift).filter(|b| *b > 0).ok_or_else(|| format!("{s:?} is out of range; use 1 byte to 16 EiB"))
 }
 
 fn seconds(flag: &str, v: f64) -> Result<Duration> {
@@ -208,6 +313,7 @@ impl TestArgs {
             mtu: self.mtu,
             validate_data: self.validate_data,
             rdma_cm: self.rdma_cm,
+            profile: self.profile.map(|p| p.profile().name.to_string()),
             corrupt_at: self.corrupt_at,
             ..d
         }
@@ -229,7 +335,7 @@ impl TestArgs {
     /// Test flags given to a server, which ignores them in favour of the client's spec.
     pub fn test_flags_given(&self) -> Vec<&'static str> {
         let mut v = Vec::new();
-        let flags: [(&'static str, bool); 19] = [
+        let flags: [(&'static str, bool); 20] = [
             ("-c", self.transport != Transport::Rc),
             ("-r", self.rx_depth != 512),
             ("--with-imm", self.with_imm),
@@ -249,6 +355,7 @@ impl TestArgs {
             ("--validate-data", self.validate_data),
             ("-Q", self.cq_mod.is_some()),
             ("-R", self.rdma_cm),
+            ("--profile", self.profile.is_some()),
         ];
         for (f, given) in flags {
             if given {

@@ -3,7 +3,8 @@
 //! The data path of a test: spec (`bench::spec`) -> session (`session`, TCP control
 //! channel) -> kernel (`bench::latency`, `bench::bandwidth`, on `verbs`) -> samples and
 //! summary (`stats`) -> report (`report`: table and JSON). `verbs` is the only module
-//! that talks to libibverbs (through sideway).
+//! that talks to libibverbs (through sideway). `validate` checks what a device plugin
+//! gave a pod and computes the NCCL environment, from sysfs.
 
 pub mod bench;
 pub mod cli;
@@ -13,6 +14,7 @@ pub mod report;
 pub mod session;
 pub mod signals;
 pub mod stats;
+pub mod validate;
 pub mod verbs;
 
 pub use error::{Error, Result};

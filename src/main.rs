@@ -5,7 +5,7 @@ use clap::Parser;
 use rdmabench::bench::runner;
 use rdmabench::bench::spec::{Measure, Operation};
 use rdmabench::cli::{Cli, Command, TestArgs};
-use rdmabench::{Result, devices, signals, verbs};
+use rdmabench::{Result, devices, signals, validate, verbs};
 
 fn run_test(operation: Operation, measure: Measure, args: &TestArgs) -> Result<()> {
     let opts = args.options()?;
@@ -19,9 +19,13 @@ fn run(cli: Cli) -> Result<()> {
     if let Some((operation, measure, args)) = cli.command.test() {
         return run_test(operation, measure, args);
     }
-    let Command::Devices { json } = cli.command else { unreachable!("every other command is a test") };
-    let list = verbs::inventory::inventory()?;
-    devices::print(&list, json, &mut std::io::stdout().lock())
+    let out = &mut std::io::stdout().lock();
+    match cli.command {
+        Command::Devices { json } => devices::print(&verbs::inventory::inventory()?, json, out),
+        Command::Validate(args) => validate::validate(&args.request(), out),
+        Command::NcclEnv(args) => validate::nccl_env(&args.tree.tree(), args.format, out),
+        _ => unreachable!("every other command is a test"),
+    }
 }
 
 fn main() {

@@ -44,3 +44,81 @@ fn help_lists_perftest_flags() {
         assert!(text.contains(flag), "{flag} missing from help");
     }
 }
+
+mod fixture_trees {
+    use super::*;
+    use rdmabench::validate::fixture::{self, Nic, Process};
+
+    /// Runs `rdmabench ARGS` against a fixture tree of `nics`.
+    fn on_tree(nics: &[Nic], process: &Process, args: &[&str]) -> (Option<i32>, String, String, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = fixture::write(dir.path(), nics, process);
+        let out = Command::new(BIN)
+            .args(args)
+            .arg("--sysfs-root")
+            .arg(&tree.sys)
+            .arg("--proc-root")
+            .arg(&tree.proc)
+            .arg("--dev-root")
+            .arg(&tree.dev)
+            .arg("--topology-dir")
+            .arg(&tree.topology)
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr), dir)
+    }
+
+    #[test]
+    fn validate_exit_codes_json_and_junit() {
+        let nics = [Nic::roce(0), Nic::roce(1)];
+        let junit_dir = tempfile::tempdir().unwrap();
+        let junit = junit_dir.path().join("v.xml");
+        let junit_arg = junit.to_str().unwrap();
+        let args = ["validate", "--profile", "vke-shared", "--expect-nics", "2", "--json", "-", "--junit", junit_arg];
+        let (code, stdout, stderr, _d) = on_tree(&nics, &Process::default(), &args);
+        assert_eq!(code, Some(0), "{stderr}");
+        let doc: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(doc["verdict"], "pass");
+        assert_eq!(doc["gid_index"], 3);
+        assert!(stderr.contains("verdict: PASS"), "{stderr}");
+        let xml = std::fs::read_to_string(&junit).unwrap();
+        let parsed = roxmltree::Document::parse(&xml).expect("well-formed JUnit");
+        let cases = parsed.descendants().filter(|n| n.has_tag_name("testcase")).count();
+        assert_eq!(cases, doc["checks"].as_array().unwrap().len());
+
+        let mut down = Nic::roce(1);
+        down.mtu = 1500;
+        let (code, stdout, stderr, _d) = on_tree(
+            &[Nic::roce(0), down],
+            &Process::default(),
+            &["validate", "--profile", "vke-shared", "--junit", junit_arg],
+        );
+        assert_eq!(code, Some(1), "{stdout}");
+        assert!(stdout.contains("FAIL  netdev") && stdout.contains("fix:"), "{stdout}");
+        assert!(stderr.contains("netdev (mlx5_1/1)"), "{stderr}");
+        let xml = std::fs::read_to_string(&junit).unwrap();
+        let parsed = roxmltree::Document::parse(&xml).expect("well-formed JUnit");
+        assert!(parsed.descendants().any(|n| n.has_tag_name("failure")));
+
+        let (code, _, stderr, _d) = on_tree(&[], &Process::default(), &["validate", "--profile", "generic"]);
+        assert_eq!(code, Some(3), "{stderr}");
+    }
+
+    #[test]
+    fn nccl_env_formats_and_exit_codes() {
+        let (code, stdout, _, _d) = on_tree(&[Nic::roce(0), Nic::roce(1)], &Process::default(), &["nccl-env"]);
+        assert_eq!(code, Some(0));
+        assert_eq!(stdout, "export NCCL_IB_HCA=mlx5_0:1,mlx5_1:1\nexport NCCL_IB_GID_INDEX=3\n");
+        let (_, stdout, _, _d) = on_tree(&[Nic::roce(0)], &Process::default(), &["nccl-env", "--format", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(v["NCCL_IB_GID_INDEX"], "3");
+        let mut other = Nic::roce(1);
+        other.first_index = 5;
+        let (code, _, stderr, _d) = on_tree(&[Nic::roce(0), other], &Process::default(), &["nccl-env"]);
+        assert_eq!(code, Some(1), "{stderr}");
+        assert!(stderr.contains("mlx5_1:1 index 5"), "{stderr}");
+        let (code, _, stderr, _d) = on_tree(&[], &Process::default(), &["nccl-env"]);
+        assert_eq!(code, Some(3), "{stderr}");
+    }
+}

@@ -653,3 +653,52 @@ fn lab_rdma_cm_connects_every_rc_operation() {
         assert!(s.stdout.contains("RC (rdma_cm)"), "{what}: the server follows the client's -R: {}", s.stdout);
     }
 }
+
+#[test]
+fn lab_validate_generic_passes_on_rxe_and_nccl_env_gives_index_1() {
+    let out = run(&["validate", "--profile", "generic", "--expect-nics", "1", "--json", "-"]);
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let doc: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(doc["verdict"], "pass", "{}", out.stderr);
+    assert_eq!(doc["gid_index"], 1);
+    let checks = doc["checks"].as_array().unwrap();
+    let reg = checks.iter().find(|c| c["id"] == "register-memory").expect("a registration check");
+    assert_eq!(reg["status"], "pass", "a real 64 MiB registration on rxe: {reg}");
+    assert!(out.stderr.contains("verdict: PASS") && out.stderr.contains("GID index 1"), "{}", out.stderr);
+
+    let env = run(&["nccl-env"]);
+    assert_eq!(env.code, 0, "{}", env.stderr);
+    assert_eq!(env.stdout, "export NCCL_IB_HCA=rxe0:1\nexport NCCL_IB_GID_INDEX=1\n");
+    let bin = env!("CARGO_BIN_EXE_rdmabench");
+    let shell = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("eval \"$({bin} nccl-env)\" && echo \"$NCCL_IB_HCA $NCCL_IB_GID_INDEX\""))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&shell.stdout), "rxe0:1 1\n");
+
+    // The lab's IPv4-only RoCE cannot be ACK's pod network, which needs IPv6 GIDs.
+    let out = run(&["validate", "--profile", "ack-shared-podnet"]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert!(out.stdout.contains("FAIL  gid") && out.stdout.contains("global IPv6"), "{}", out.stdout);
+    assert!(out.stderr.contains("gid (rxe0/1)"), "{}", out.stderr);
+}
+
+#[test]
+fn lab_pair_profile_sees_the_shared_nic() {
+    // Both sides use the lab's one rxe0: a shared mode reports it, an exclusive one fails.
+    let (c, s) = ok_pair("write-lat", &["--profile", "vke-shared", "-n", "100", "--json", "-"]);
+    let doc = valid_doc(&c.stdout);
+    assert_eq!(doc["environment"]["peer"]["same_physical_nic"], true);
+    assert_eq!(doc["spec"]["profile"], "vke-shared");
+    assert!(s.stdout.contains("shared with the peer"), "{}", s.stdout);
+    let (c, s) = pair("write-lat", &["--profile", "vke-exclusive", "-n", "100"], &[]);
+    for (side, out) in [("client", &c), ("server", &s)] {
+        assert_eq!(out.code, 1, "{side}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("same physical NIC") && out.stderr.contains("vke-exclusive"),
+            "{side}: {}",
+            out.stderr
+        );
+    }
+}

@@ -13,8 +13,9 @@ use crate::bench::spec::{Measure, Operation, TestSpec, check_against_device};
 use crate::bench::wait::RecvRing;
 use crate::error::{Error, Result};
 use crate::report::{Environment, PeerEnvironment};
-use crate::session::{Channel, Endpoint, Message};
+use crate::session::{Channel, Endpoint, Message, NicIdentity};
 use crate::stats::Clock;
+use crate::validate::profiles::{self, Sharing};
 use crate::verbs::cm::{self, CmConnection, CmListener};
 use crate::verbs::gid::{self, Family, GidKind, LinkLayer, SideChoice};
 use crate::verbs::qp::GRH_BYTES;
@@ -160,6 +161,7 @@ impl Prepared {
                 rkey: buf.rkey(),
                 buf_len: buf.len() as u64,
                 max_inline,
+                nic: nic_identity(&rdma),
                 cm_addr: None,
             };
             lanes.push((qp, buf, local));
@@ -205,6 +207,7 @@ impl Prepared {
                     layout.total_len()
                 )));
             }
+            check_sharing(spec, &local, &remote, chan.peer())?;
             let me = format!("this side ({}, {} port {})", local.node, local.device, local.port);
             let them = format!("{} ({} port {})", chan.peer(), remote.device, remote.port);
             gid::check_pair(&rdma.side_choice(me), &side_of(&remote, them)?)?;
@@ -284,6 +287,7 @@ impl Link {
             active_mtu: self.local.active_mtu,
             inline_size: self.inline_size,
             max_inline: self.local.max_inline,
+            nic: self.local.nic.clone(),
             peer: PeerEnvironment {
                 host: self.remote.node.clone(),
                 address: peer_address.into(),
@@ -291,6 +295,8 @@ impl Link {
                 port: self.remote.port,
                 gid_index: self.remote.gid_index,
                 gid: self.remote.gid.clone(),
+                nic: self.remote.nic.clone(),
+                same_physical_nic: self.local.nic.same_physical_nic(&self.remote.nic),
             },
         }
     }
@@ -306,6 +312,31 @@ pub struct SizeRun<'a> {
     pub clock: &'a Clock,
     /// Longest wait for the peer, in nanoseconds.
     pub timeout_ns: u64,
+}
+
+/// The identity of the opened device's NIC, from verbs and sysfs.
+fn nic_identity(rdma: &Rdma) -> NicIdentity {
+    let pci = std::fs::read_link(format!("/sys/class/infiniband/{}/device", rdma.name()))
+        .ok()
+        .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .filter(|n| n.contains(':'));
+    NicIdentity { node_guid: rdma.info.node_guid.clone(), sys_image_guid: rdma.info.sys_image_guid.clone(), pci }
+}
+
+/// Pair validation: with `--profile`, an exclusive mode fails when both sides hold the
+/// same physical NIC. (Sharing in shared modes is reported in the header and the JSON.)
+fn check_sharing(spec: &TestSpec, local: &Endpoint, remote: &Endpoint, peer: &str) -> Result<()> {
+    let Some(profile) = spec.profile.as_deref() else { return Ok(()) };
+    let profile = profiles::by_name(profile)
+        .ok_or_else(|| Error::Usage(format!("unknown profile {profile:?}; see rdmabench validate --help")))?;
+    if profile.sharing == Sharing::Exclusive && local.nic.same_physical_nic(&remote.nic) {
+        return Err(Error::Check(format!(
+            "profile {}: this side ({} on {}) and {peer} ({} on {}) hold the same physical NIC (system image GUID \
+             {}); exclusive mode gives each pod a NIC of its own: the plugin is in a shared mode or gave a NIC twice",
+            profile.name, local.device, local.node, remote.device, remote.node, local.nic.sys_image_guid
+        )));
+    }
+    Ok(())
 }
 
 fn expect_endpoint(chan: &mut Channel) -> Result<Endpoint> {

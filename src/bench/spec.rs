@@ -112,6 +112,10 @@ pub struct TestSpec {
     pub mtu: Option<u32>,
     /// Fill every message with a per-iteration pattern and check it where it lands.
     pub validate_data: bool,
+    /// `--profile`: the platform mode the pair is checked against (exclusive modes fail
+    /// when both sides hold the same physical NIC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
     /// `-R`: connect the QPs with rdma_cm instead of the endpoint exchange.
     #[serde(default)]
     pub rdma_cm: bool,
@@ -154,6 +158,7 @@ impl TestSpec {
             mtu: None,
             validate_data: false,
             rdma_cm: false,
+            profile: None,
             corrupt_at: None,
         }
     }

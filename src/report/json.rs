@@ -59,6 +59,8 @@ mod tests {
         jsonschema::validator_for(&schema).unwrap()
     }
 
+    use crate::session::NicIdentity;
+
     fn env() -> Environment {
         Environment {
             tool_version: "0.1.0".into(),
@@ -73,6 +75,7 @@ mod tests {
             active_mtu: 4096,
             inline_size: 220,
             max_inline: 416,
+            nic: NicIdentity { node_guid: "1".into(), sys_image_guid: "2".into(), pci: Some("0000:3b:00.0".into()) },
             peer: PeerEnvironment {
                 host: "b".into(),
                 address: "10.0.0.2:18515".into(),
@@ -80,6 +83,8 @@ mod tests {
                 port: 1,
                 gid_index: 1,
                 gid: "::ffff:10.0.0.2".into(),
+                nic: NicIdentity::default(),
+                same_physical_nic: false,
             },
         }
     }

@@ -3,9 +3,12 @@
 
 pub mod histogram;
 pub mod json;
+pub mod junit;
 pub mod table;
 
 use serde::{Deserialize, Serialize};
+
+use crate::session::NicIdentity;
 
 use crate::bench::spec::TestSpec;
 use crate::stats::{LatencySummary, ThroughputSummary};
@@ -27,6 +30,9 @@ pub struct Environment {
     /// Inline threshold in force, bytes (messages up to this size are posted inline).
     pub inline_size: u32,
     pub max_inline: u32,
+    /// The physical NIC behind the device.
+    #[serde(default)]
+    pub nic: NicIdentity,
     pub peer: PeerEnvironment,
 }
 
@@ -38,6 +44,11 @@ pub struct PeerEnvironment {
     pub port: u8,
     pub gid_index: u32,
     pub gid: String,
+    #[serde(default)]
+    pub nic: NicIdentity,
+    /// Both sides hold the same physical NIC (shared modes; a fault in exclusive ones).
+    #[serde(default)]
+    pub same_physical_nic: bool,
 }
 
 /// Latency figures of one size. `kind` says what a sample is: "one_way" figures are half

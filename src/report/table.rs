@@ -48,6 +48,18 @@ pub fn banner(out: &mut dyn Write, spec: &TestSpec, env: &Environment, role: &st
         " remote GID index {} : {} ({} port {} on {}, {})",
         env.peer.gid_index, env.peer.gid, env.peer.device, env.peer.port, env.peer.host, env.peer.address
     )?;
+    let nic = |n: &crate::session::NicIdentity| {
+        format!(
+            "system image GUID {}{}",
+            n.sys_image_guid,
+            n.pci.as_ref().map_or(String::new(), |p| format!(", PCI {p}"))
+        )
+    };
+    if env.peer.same_physical_nic {
+        writeln!(out, " Physical NIC   : shared with the peer ({})", nic(&env.nic))?;
+    } else {
+        writeln!(out, " Physical NIC   : {}; the peer's: {}", nic(&env.nic), nic(&env.peer.nic))?;
+    }
     writeln!(out, "{RULE}")
 }
 

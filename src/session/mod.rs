@@ -7,4 +7,4 @@ pub mod frame;
 pub mod proto;
 
 pub use channel::{Channel, PeerPoll};
-pub use proto::{Endpoint, Message, PROTOCOL_VERSION};
+pub use proto::{Endpoint, Message, NicIdentity, PROTOCOL_VERSION};

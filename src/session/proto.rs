@@ -40,9 +40,30 @@ pub struct Endpoint {
     pub rkey: u32,
     pub buf_len: u64,
     pub max_inline: u32,
+    /// Which physical NIC this is, so a pair can tell whether it shares one.
+    #[serde(default)]
+    pub nic: NicIdentity,
     /// With `-R`, the server's rdma_cm listening address (`ip:port`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cm_addr: Option<String>,
+}
+
+/// The identity of the NIC behind a device: two devices with one system image GUID are
+/// functions (or virtual NICs) of one physical NIC.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NicIdentity {
+    pub node_guid: String,
+    pub sys_image_guid: String,
+    /// PCI address of the device's function, when it has one (soft-RoCE has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci: Option<String>,
+}
+
+impl NicIdentity {
+    /// Whether two identities are the same physical NIC (unknown GUIDs never match).
+    pub fn same_physical_nic(&self, other: &NicIdentity) -> bool {
+        !self.sys_image_guid.is_empty() && self.sys_image_guid == other.sys_image_guid
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -120,3 +120,18 @@ impl Rdma {
         }
     }
 }
+
+/// Opens `device`, registers `bytes` of memory and frees it again: the proof that this
+/// process may register what a test needs (memlock, IPC_LOCK, the device's limits).
+pub fn probe_registration(device: &str, bytes: usize) -> Result<()> {
+    let list = inventory::device_list()?;
+    let dev = list
+        .iter()
+        .find(|d| d.name() == device)
+        .ok_or_else(|| Error::Environment(format!("{device} is not in the verbs device list")))?;
+    let ctx = dev.open().map_err(|e| Error::Environment(format!("cannot open {device}: {e:?}")))?;
+    let pd = ctx
+        .alloc_pd()
+        .map_err(|e| Error::Environment(format!("cannot allocate a protection domain on {device}: {e:?}")))?;
+    super::RegisteredBuf::new(&pd, bytes).map(drop)
+}
