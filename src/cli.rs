@@ -36,6 +36,15 @@ pub enum Command {
     /// Print NCCL_IB_HCA and NCCL_IB_GID_INDEX as the VKE document's nccl_env.sh computes
     /// them: `eval "$(rdmabench nccl-env)"`.
     NcclEnv(NcclArgs),
+    /// Run a workload (workloads/*.toml): with --peer HOST this side drives every step;
+    /// the other side runs `rdmabench run --serve` and needs no copy of the workload.
+    Run(RunArgs),
+    /// Compare two run documents (or two test results) step by step and metric by
+    /// metric; exit 1 on a regression.
+    Compare(CompareArgs),
+    /// Draw a result as SVG: bandwidth and latency percentiles against message size, or a
+    /// latency CDF from a --histogram file.
+    Plot(PlotArgs),
     /// RDMA WRITE latency (ping-pong, one-way = round trip / 2), like ib_write_lat.
     WriteLat(TestArgs),
     /// RDMA WRITE bandwidth and message rate, like ib_write_bw.
@@ -58,7 +67,12 @@ impl Command {
     /// The test a subcommand runs, with its flags.
     pub fn test(&self) -> Option<(Operation, Measure, &TestArgs)> {
         let (op, measure, args) = match self {
-            Command::Devices { .. } | Command::Validate(_) | Command::NcclEnv(_) => return None,
+            Command::Devices { .. }
+            | Command::Validate(_)
+            | Command::NcclEnv(_)
+            | Command::Run(_)
+            | Command::Compare(_)
+            | Command::Plot(_) => return None,
             Command::WriteLat(a) => (Operation::Write, Measure::Latency, a),
             Command::WriteBw(a) => (Operation::Write, Measure::Bandwidth, a),
             Command::ReadLat(a) => (Operation::Read, Measure::Latency, a),
@@ -266,6 +280,121 @@ pub struct NcclArgs {
     pub tree: TreeArgs,
 }
 
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The workload file; not needed with --serve.
+    #[arg(required_unless_present = "serve")]
+    pub workload: Option<String>,
+    /// The `run --serve` side to drive.
+    #[arg(long, conflicts_with = "serve", required_unless_present = "serve")]
+    pub peer: Option<String>,
+    /// Serve every step a client drives, until it finishes.
+    #[arg(long)]
+    pub serve: bool,
+    /// RDMA device (default: the first one).
+    #[arg(short = 'd', long = "ib-dev")]
+    pub device: Option<String>,
+    /// Device port.
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    pub ib_port: u8,
+    /// GID index (default: a RoCE v2 GID whose netdev is up, IPv4-mapped preferred).
+    #[arg(short = 'x', long = "gid-index")]
+    pub gid_index: Option<u32>,
+    /// TCP port of the control channel.
+    #[arg(short = 'p', long = "port", default_value_t = 18515)]
+    pub port: u16,
+    /// Seconds to wait for the peer to appear (and, serving, between steps).
+    #[arg(long = "connect-timeout", default_value_t = 60.0, value_name = "SECS")]
+    pub connect_timeout: f64,
+    /// Seconds any wait for the peer may last before the peer is declared lost (exit 4).
+    #[arg(long = "timeout", default_value_t = 10.0, value_name = "SECS")]
+    pub timeout: f64,
+    /// Write the run's document (every step, repeat and verdict) to FILE, or stdout with `-`.
+    #[arg(long, value_name = "FILE|-")]
+    pub json: Option<String>,
+    /// Write JUnit XML: one test case per step and per threshold (and per compared metric).
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<String>,
+    /// Compare the run with this baseline document; exit 1 on a regression.
+    #[arg(long, value_name = "FILE")]
+    pub baseline: Option<String>,
+    /// Default tolerance of the comparison (per-metric ones in the workload win).
+    #[arg(long, default_value = "5%", value_parser = parse_percent)]
+    pub tolerance: f64,
+    /// Compare even when the environments differ (the differences are reported).
+    #[arg(long)]
+    pub allow_env_mismatch: bool,
+    /// Set a workload parameter: NAME=VALUE (repeatable).
+    #[arg(long = "param", value_name = "NAME=VALUE", value_parser = parse_param)]
+    pub params: Vec<(String, f64)>,
+    /// Report bandwidth in Gb/s instead of MB/s.
+    #[arg(long = "report_gbits", visible_alias = "report-gbits")]
+    pub report_gbits: bool,
+}
+
+impl RunArgs {
+    pub fn options(&self) -> Result<RunOptions> {
+        Ok(RunOptions {
+            selection: DeviceSelection { device: self.device.clone(), port: self.ib_port, gid_index: self.gid_index },
+            tcp_port: self.port,
+            connect_timeout: seconds("--connect-timeout", self.connect_timeout)?,
+            timeout: seconds("--timeout", self.timeout)?,
+            json: None,
+            cpu_util: false,
+            histogram: None,
+            units: if self.report_gbits { Units::GigaBits } else { Units::MegaBytes },
+            tables_on_stderr: false,
+        })
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct CompareArgs {
+    pub baseline: String,
+    pub current: String,
+    /// Default tolerance (per-metric ones recorded from the workload win).
+    #[arg(long, default_value = "5%", value_parser = parse_percent)]
+    pub tolerance: f64,
+    /// Compare even when the environments differ (the differences are reported).
+    #[arg(long)]
+    pub allow_env_mismatch: bool,
+    /// Write the comparison as JSON to FILE, or stdout with `-` (the table then goes to stderr).
+    #[arg(long, value_name = "FILE|-")]
+    pub json: Option<String>,
+    /// Write JUnit XML, one test case per compared metric.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct PlotArgs {
+    /// A run document or a test's result document.
+    pub result: String,
+    /// The SVG file to write (default: the result's name with .svg).
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub output: Option<String>,
+    /// Also draw the latency CDF from this --histogram file.
+    #[arg(long, value_name = "FILE")]
+    pub histogram: Option<String>,
+}
+
+/// `5%`, `5` or `2.5%`: percent.
+pub fn parse_percent(s: &str) -> std::result::Result<f64, String> {
+    let v: f64 =
+        s.trim().trim_end_matches('%').parse().map_err(|_| format!("{s:?} is not a percentage; use e.g. 5% or 2.5"))?;
+    if v.is_finite() && (0.0..=1000.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{s:?} is out of range; use 0% to 1000%"))
+    }
+}
+
+fn parse_param(s: &str) -> std::result::Result<(String, f64), String> {
+    let (k, v) = s.split_once('=').ok_or_else(|| format!("{s:?}: use NAME=VALUE, e.g. min_write_gbps=180"))?;
+    let v: f64 = v.trim().parse().map_err(|_| format!("{s:?}: the value must be a number"))?;
+    Ok((k.trim().to_string(), v))
+}
+
 /// A byte count: `67108864`, `64M`, `64MiB`, `1G`, `512K` (binary multiples).
 pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();
@@ -329,6 +458,7 @@ impl TestArgs {
             cpu_util: self.cpu_util,
             histogram: self.histogram.clone(),
             units: if self.report_gbits { Units::GigaBits } else { Units::MegaBytes },
+            tables_on_stderr: false,
         })
     }
 

@@ -4,17 +4,20 @@
 //! channel) -> kernel (`bench::latency`, `bench::bandwidth`, on `verbs`) -> samples and
 //! summary (`stats`) -> report (`report`: table and JSON). `verbs` is the only module
 //! that talks to libibverbs (through sideway). `validate` checks what a device plugin
-//! gave a pod and computes the NCCL environment, from sysfs.
+//! gave a pod and computes the NCCL environment, from sysfs. `workload` runs suites of
+//! steps with thresholds; `regress` compares a run with a baseline.
 
 pub mod bench;
 pub mod cli;
 pub mod devices;
 pub mod error;
+pub mod regress;
 pub mod report;
 pub mod session;
 pub mod signals;
 pub mod stats;
 pub mod validate;
 pub mod verbs;
+pub mod workload;
 
 pub use error::{Error, Result};

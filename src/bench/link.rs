@@ -287,6 +287,7 @@ impl Link {
             active_mtu: self.local.active_mtu,
             inline_size: self.inline_size,
             max_inline: self.local.max_inline,
+            link_rate_gbps: self.rdma.port.rate_gbps,
             nic: self.local.nic.clone(),
             peer: PeerEnvironment {
                 host: self.remote.node.clone(),

@@ -30,12 +30,18 @@ pub struct RunOptions {
     pub cpu_util: bool,
     pub histogram: Option<String>,
     pub units: Units,
+    /// Tables go to stderr (a workload run writing its JSON to stdout).
+    pub tables_on_stderr: bool,
 }
 
 impl RunOptions {
     /// Tables go to stdout, unless the JSON document does.
     fn table_out(&self) -> Box<dyn Write> {
-        if self.json.as_deref() == Some("-") { Box::new(std::io::stderr()) } else { Box::new(std::io::stdout()) }
+        if self.tables_on_stderr || self.json.as_deref() == Some("-") {
+            Box::new(std::io::stderr())
+        } else {
+            Box::new(std::io::stdout())
+        }
     }
 
     fn timeout_ns(&self) -> u64 {
@@ -237,6 +243,40 @@ fn measure_size(
 pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult> {
     let mut chan = Channel::accept(opts.tcp_port, opts.connect_timeout, opts.timeout)?;
     let hello = chan.recv("the client's hello")?;
+    serve(chan, hello, opts, local_test_flags)
+}
+
+/// Serves every session a workload's client opens (`rdmabench run --serve`), until the
+/// client says it has finished. A failed session is reported and the next awaited: the
+/// client owns the verdict.
+pub fn serve_workload(opts: &RunOptions) -> Result<()> {
+    loop {
+        let mut chan = Channel::accept(opts.tcp_port, opts.connect_timeout, opts.timeout)?;
+        match chan.recv("the client's hello")? {
+            Message::Finish => {
+                chan.send(&Message::Bye)?;
+                return Ok(());
+            }
+            hello => match serve(chan, hello, opts, &[]) {
+                Ok(_) => {}
+                Err(e @ Error::Interrupted(_)) => return Err(e),
+                Err(e) => eprintln!("rdmabench: this session failed: {e}; waiting for the next"),
+            },
+        }
+    }
+}
+
+/// Tells a serving peer that the workload is over, so it exits.
+pub fn finish_workload(host: &str, opts: &RunOptions) -> Result<()> {
+    let mut chan = Channel::connect(host, opts.tcp_port, opts.connect_timeout, opts.timeout)?;
+    chan.send(&Message::Finish)?;
+    match chan.recv("the server's goodbye")? {
+        Message::Bye => Ok(()),
+        other => Err(Error::Peer(format!("{} sent {} instead of bye", chan.peer(), other.kind()))),
+    }
+}
+
+fn serve(mut chan: Channel, hello: Message, opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult> {
     let spec = match proto::check_hello(&hello).and_then(|s| s.check().map(|_| s.clone())) {
         Ok(s) => s,
         Err(e) => {

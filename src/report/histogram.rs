@@ -3,8 +3,8 @@
 //! tools. Values are round-trip nanoseconds, unhalved, as the samples were taken.
 
 use hdrhistogram::Histogram;
-use hdrhistogram::serialization::V2Serializer;
-use hdrhistogram::serialization::interval_log::{IntervalLogWriterBuilder, Tag};
+use hdrhistogram::serialization::interval_log::{IntervalLogIterator, IntervalLogWriterBuilder, LogEntry, Tag};
+use hdrhistogram::serialization::{Deserializer, V2Serializer};
 
 use crate::error::{Error, Result};
 
@@ -36,11 +36,45 @@ pub fn write(path: &str, test: &str, sizes: &[SizeHistogram]) -> Result<()> {
     std::fs::write(path, out).map_err(|e| fail(e.to_string()))
 }
 
+/// Reads a file `write` wrote: each entry's tag (`size=N`) and histogram.
+pub fn read(path: &str) -> Result<Vec<(String, Histogram<u64>)>> {
+    let bytes = std::fs::read(path).map_err(|e| Error::Usage(format!("cannot read {path}: {e}")))?;
+    let mut out = Vec::new();
+    for entry in IntervalLogIterator::new(&bytes) {
+        match entry {
+            Ok(LogEntry::Interval(i)) => {
+                let raw = base64_decode(i.encoded_histogram())
+                    .ok_or_else(|| Error::Usage(format!("{path}: an entry is not base64")))?;
+                let h: Histogram<u64> = Deserializer::new()
+                    .deserialize(&mut raw.as_slice())
+                    .map_err(|e| Error::Usage(format!("{path}: a histogram does not decode: {e:?}")))?;
+                out.push((i.tag().map_or(String::new(), |t| t.as_str().to_string()), h));
+            }
+            Ok(_) => {}
+            Err(e) => return Err(Error::Usage(format!("{path} is not an HdrHistogram interval log: {e:?}"))),
+        }
+    }
+    Ok(out)
+}
+
+fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    const T: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::new();
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in s.bytes().filter(|&c| c != b'=') {
+        acc = (acc << 6) | T.iter().position(|&t| t == c)? as u32;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hdrhistogram::serialization::Deserializer;
-    use hdrhistogram::serialization::interval_log::{IntervalLogIterator, LogEntry};
 
     #[test]
     fn every_size_reads_back_with_its_tag_and_counts() {
@@ -55,30 +89,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("h.hlog");
         write(path.to_str().unwrap(), "write_lat", &sizes).unwrap();
-        let bytes = std::fs::read(&path).unwrap();
-        let mut seen = Vec::new();
-        for entry in IntervalLogIterator::new(&bytes) {
-            if let Ok(LogEntry::Interval(i)) = entry {
-                let raw = base64_decode(i.encoded_histogram());
-                let h: Histogram<u64> = Deserializer::new().deserialize(&mut raw.as_slice()).unwrap();
-                seen.push((i.tag().unwrap().as_str().to_string(), h.len()));
-            }
-        }
+        let seen: Vec<(String, u64)> =
+            read(path.to_str().unwrap()).unwrap().into_iter().map(|(tag, h)| (tag, h.len())).collect();
         assert_eq!(seen, vec![("size=2".to_string(), 100), ("size=4096".to_string(), 50)]);
-    }
-
-    fn base64_decode(s: &str) -> Vec<u8> {
-        const T: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        let mut out = Vec::new();
-        let (mut acc, mut bits) = (0u32, 0);
-        for c in s.bytes().filter(|&c| c != b'=') {
-            acc = (acc << 6) | T.iter().position(|&t| t == c).unwrap() as u32;
-            bits += 6;
-            if bits >= 8 {
-                bits -= 8;
-                out.push((acc >> bits) as u8);
-            }
-        }
-        out
     }
 }

@@ -75,6 +75,7 @@ mod tests {
             active_mtu: 4096,
             inline_size: 220,
             max_inline: 416,
+            link_rate_gbps: Some(100.0),
             nic: NicIdentity { node_guid: "1".into(), sys_image_guid: "2".into(), pci: Some("0000:3b:00.0".into()) },
             peer: PeerEnvironment {
                 host: "b".into(),

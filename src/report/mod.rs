@@ -4,6 +4,7 @@
 pub mod histogram;
 pub mod json;
 pub mod junit;
+pub mod plot;
 pub mod table;
 
 use serde::{Deserialize, Serialize};
@@ -30,6 +31,9 @@ pub struct Environment {
     /// Inline threshold in force, bytes (messages up to this size are posted inline).
     pub inline_size: u32,
     pub max_inline: u32,
+    /// The port's signalling rate in Gb/s, when the device reports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_rate_gbps: Option<f64>,
     /// The physical NIC behind the device.
     #[serde(default)]
     pub nic: NicIdentity,

@@ -2,7 +2,8 @@
 //!
 //! Order of a run: client `Hello` (with the whole spec) -> server `Welcome` or `Refuse`;
 //! both send `Endpoint`; then per size: client `Start`, server `Ready`, the kernel runs,
-//! client `Done`, server `Verdict`; finally client `Report` and server `Bye`.
+//! client `Done`, server `Verdict`; finally client `Report` and server `Bye`. A workload
+//! (`run`) opens one session per test and ends with a session of just `Finish` / `Bye`.
 //! Either side may send `Abort` at any point; the other ends with the reason.
 
 use serde::{Deserialize, Serialize};
@@ -113,6 +114,8 @@ pub enum Message {
     },
     Report(Box<RunResult>),
     Bye,
+    /// A workload's client has run every step: a `run --serve` server may exit.
+    Finish,
     Abort {
         code: i32,
         reason: String,
@@ -133,6 +136,7 @@ impl Message {
             Message::Verdict { .. } => "verdict",
             Message::Report(_) => "report",
             Message::Bye => "bye",
+            Message::Finish => "finish",
             Message::Abort { .. } => "abort",
         }
     }

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::profiles::{GidFamily, NicCount, Profile, Sharing};
 use super::sysfs::{Gid, Port, RdmaDevice, Tree};
@@ -15,7 +15,7 @@ const CAP_SYS_RESOURCE: u32 = 24;
 /// Container runtimes mount /dev/shm with 64 MiB unless told otherwise.
 const DEFAULT_SHM: u64 = 64 << 20;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
     Pass,
@@ -35,7 +35,7 @@ impl Status {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Check {
     /// Stable name, e.g. `port-active`.
     pub id: String,
@@ -44,7 +44,7 @@ pub struct Check {
     pub status: Status,
     pub seen: String,
     pub expected: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fix: Option<String>,
 }
 

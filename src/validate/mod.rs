@@ -48,18 +48,23 @@ fn register(tree: &Tree, mr_size: u64) -> Registration {
     }
 }
 
-/// Runs the checks, prints one line per check and the verdict, writes the JSON and JUnit
-/// documents when asked. Err: the verdict (exit 1), or no RDMA at all (exit 3).
-pub fn validate(req: &Request, out: &mut dyn Write) -> Result<()> {
+/// Runs every check of the request (registering memory on the live system).
+pub fn evaluate(req: &Request) -> Outcome {
     let registration = register(&req.tree, req.mr_size);
-    let outcome = checks::run(&Inputs {
+    checks::run(&Inputs {
         tree: &req.tree,
         profile: req.profile,
         expect_nics: req.expect_nics,
         expect_gpus: req.expect_gpus,
         mr_size: req.mr_size,
         registration,
-    });
+    })
+}
+
+/// Runs the checks, prints one line per check and the verdict, writes the JSON and JUnit
+/// documents when asked. Err: the verdict (exit 1), or no RDMA at all (exit 3).
+pub fn validate(req: &Request, out: &mut dyn Write) -> Result<()> {
+    let outcome = evaluate(req);
     let to_stdout = req.json.as_deref() == Some("-");
     let mut text = Vec::new();
     print_lines(req.profile, &outcome, &mut text)?;
@@ -111,11 +116,11 @@ fn counts(o: &Outcome) -> [(Status, usize); 4] {
         .map(|s| (s, o.checks.iter().filter(|c| c.status == s).count()))
 }
 
-fn verdict(o: &Outcome) -> &'static str {
+pub fn verdict(o: &Outcome) -> &'static str {
     if o.no_rdma || o.worst() == Status::Fail { "FAIL" } else { "PASS" }
 }
 
-fn print_lines(profile: &Profile, o: &Outcome, out: &mut dyn Write) -> Result<()> {
+pub fn print_lines(profile: &Profile, o: &Outcome, out: &mut dyn Write) -> Result<()> {
     let w = |out: &mut dyn Write, s: String| writeln!(out, "{s}").map_err(io);
     w(out, format!("rdmabench validate --profile {} (rules: {})", profile.name, profile.source))?;
     for c in &o.checks {

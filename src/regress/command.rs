@@ -1,0 +1,38 @@
+//! `rdmabench compare BASELINE CURRENT`: reads both documents, prints the table, writes
+//! JSON and JUnit when asked; Err(Check) on a regression (exit 1).
+
+use std::io::Write;
+
+use super::{compare as compare_docs, junit_cases, print};
+use crate::cli::CompareArgs;
+use crate::error::{Error, Result};
+use crate::report::junit;
+use crate::workload::doc;
+
+pub fn compare(args: &CompareArgs, out: &mut dyn Write) -> Result<()> {
+    let base = doc::read(&args.baseline)?;
+    let cur = doc::read(&args.current)?;
+    let c = compare_docs(&base, &cur, args.tolerance, args.allow_env_mismatch)?;
+    let to_stdout = args.json.as_deref() == Some("-");
+    if to_stdout {
+        print(&c, &mut std::io::stderr())?;
+    } else {
+        print(&c, out)?;
+    }
+    if let Some(target) = &args.json {
+        let text = serde_json::to_string_pretty(&c).expect("serialisable") + "\n";
+        if to_stdout {
+            out.write_all(text.as_bytes()).map_err(|e| Error::Environment(format!("cannot write: {e}")))?;
+        } else {
+            std::fs::write(target, text).map_err(|e| Error::Environment(format!("cannot write {target}: {e}")))?;
+        }
+    }
+    if let Some(path) = &args.junit {
+        std::fs::write(path, junit::render("rdmabench compare", &junit_cases(&c)))
+            .map_err(|e| Error::Environment(format!("cannot write {path}: {e}")))?;
+    }
+    match c.regressions() {
+        0 => Ok(()),
+        n => Err(Error::Check(format!("{n} regression(s) of {} against {}", args.current, args.baseline))),
+    }
+}

@@ -1,0 +1,243 @@
+//! Compares two run documents step by step and metric by metric: a change beyond the
+//! metric's tolerance in the worse direction is a regression, unless both sides carry
+//! repeats whose ranges overlap, which is noise. Results from different environments are
+//! refused (or, when allowed, compared and flagged).
+
+pub mod command;
+
+use std::io::Write;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::report::junit;
+use crate::workload::doc::RunDocument;
+use crate::workload::metrics::{self, Better, Stats};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Within the tolerance.
+    Same,
+    Improved,
+    Regressed,
+    /// Beyond the tolerance, but the repeats' ranges overlap.
+    WithinNoise,
+}
+
+impl Verdict {
+    pub fn label(self) -> &'static str {
+        match self {
+            Verdict::Same => "same",
+            Verdict::Improved => "improved",
+            Verdict::Regressed => "REGRESSED",
+            Verdict::WithinNoise => "within noise",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    pub step: String,
+    pub size: u64,
+    pub metric: String,
+    pub baseline: Stats,
+    pub current: Stats,
+    /// Relative change of the medians, percent (positive: the value grew).
+    pub change_pct: f64,
+    pub tolerance_pct: f64,
+    pub verdict: Verdict,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Comparison {
+    pub rows: Vec<Row>,
+    /// Steps or sizes of the baseline the current run lacks.
+    pub missing: Vec<String>,
+    /// Environment differences (only when comparing them was allowed).
+    pub environment_differences: Vec<String>,
+}
+
+impl Comparison {
+    pub fn regressions(&self) -> usize {
+        self.rows.iter().filter(|r| r.verdict == Verdict::Regressed).count() + self.missing.len()
+    }
+}
+
+/// What makes two runs incomparable: device, link layer, MTU, link rate, schema.
+pub fn environment_differences(base: &RunDocument, cur: &RunDocument) -> Vec<String> {
+    let mut d = Vec::new();
+    if base.schema_version != cur.schema_version {
+        d.push(format!("schema version {} vs {}", base.schema_version, cur.schema_version));
+    }
+    let (Some(b), Some(c)) = (&base.environment, &cur.environment) else {
+        return d;
+    };
+    let mut diff = |what: &str, x: String, y: String| {
+        if x != y {
+            d.push(format!("{what}: baseline {x}, current {y}"));
+        }
+    };
+    diff("device", b.device.clone(), c.device.clone());
+    diff("link layer", b.link_layer.clone(), c.link_layer.clone());
+    diff("path MTU", b.mtu.to_string(), c.mtu.to_string());
+    let rate = |r: Option<f64>| r.map_or("unknown".into(), |r| format!("{r} Gb/s"));
+    diff("link rate", rate(b.link_rate_gbps), rate(c.link_rate_gbps));
+    d
+}
+
+/// Judges one metric's change.
+pub fn judge(metric: &str, base: &Stats, cur: &Stats, tolerance_pct: f64) -> (f64, Verdict) {
+    let change = if base.median == 0.0 { 0.0 } else { (cur.median - base.median) / base.median * 100.0 };
+    let higher_better = metrics::better(metric) == Some(Better::Higher);
+    let worse = if higher_better { -change } else { change };
+    if worse.abs() <= tolerance_pct {
+        return (change, Verdict::Same);
+    }
+    // Both sides repeated and their ranges overlap: the runs cannot tell them apart.
+    let repeated = base.values.len() > 1 && cur.values.len() > 1;
+    if repeated && cur.min <= base.max && base.min <= cur.max {
+        return (change, Verdict::WithinNoise);
+    }
+    (change, if worse > 0.0 { Verdict::Regressed } else { Verdict::Improved })
+}
+
+pub fn compare(
+    base: &RunDocument,
+    cur: &RunDocument,
+    tolerance_pct: f64,
+    allow_env_mismatch: bool,
+) -> Result<Comparison> {
+    let environment_differences = environment_differences(base, cur);
+    if !environment_differences.is_empty() && !allow_env_mismatch {
+        return Err(Error::Usage(format!(
+            "the runs come from different environments ({}); a comparison would be meaningless. Compare runs of \
+             the same setup, or pass --allow-env-mismatch to compare anyway (the differences are then reported)",
+            environment_differences.join("; ")
+        )));
+    }
+    let mut rows = Vec::new();
+    let mut missing = Vec::new();
+    for bs in base.steps.iter().filter(|s| s.kind == "measure") {
+        let Some(cs) = cur.steps.iter().find(|s| s.name == bs.name) else {
+            missing.push(format!("step \"{}\"", bs.name));
+            continue;
+        };
+        for bsize in &bs.stats {
+            let Some(csize) = cs.stats.iter().find(|s| s.size == bsize.size) else {
+                missing.push(format!("step \"{}\" size {}", bs.name, bsize.size));
+                continue;
+            };
+            for (metric, b) in &bsize.metrics {
+                let Some(c) = csize.metrics.get(metric) else { continue };
+                let tol = cs.tolerance.get(metric).copied().unwrap_or(tolerance_pct);
+                let (change_pct, verdict) = judge(metric, b, c, tol);
+                rows.push(Row {
+                    step: bs.name.clone(),
+                    size: bsize.size,
+                    metric: metric.clone(),
+                    baseline: b.clone(),
+                    current: c.clone(),
+                    change_pct,
+                    tolerance_pct: tol,
+                    verdict,
+                });
+            }
+        }
+    }
+    Ok(Comparison { rows, missing, environment_differences })
+}
+
+fn io(e: std::io::Error) -> Error {
+    Error::Environment(format!("cannot write the output: {e}"))
+}
+
+fn spread(s: &Stats) -> String {
+    if s.values.len() > 1 {
+        format!("{:.3} ({:.3}..{:.3})", s.median, s.min, s.max)
+    } else {
+        format!("{:.3}", s.median)
+    }
+}
+
+pub fn print(c: &Comparison, out: &mut dyn Write) -> Result<()> {
+    for d in &c.environment_differences {
+        writeln!(out, "WARNING environments differ: {d}").map_err(io)?;
+    }
+    writeln!(
+        out,
+        "{:<32} {:>8} {:<8} {:>26} {:>26} {:>9} {:>6}  verdict",
+        "step", "size", "metric", "baseline", "current", "change", "tol"
+    )
+    .map_err(io)?;
+    for r in &c.rows {
+        writeln!(
+            out,
+            "{:<32} {:>8} {:<8} {:>26} {:>26} {:>+8.1}% {:>5.1}%  {}",
+            r.step,
+            r.size,
+            r.metric,
+            spread(&r.baseline),
+            spread(&r.current),
+            r.change_pct,
+            r.tolerance_pct,
+            r.verdict.label()
+        )
+        .map_err(io)?;
+    }
+    for m in &c.missing {
+        writeln!(out, "MISSING {m}: in the baseline, not in this run").map_err(io)?;
+    }
+    let count = |v: Verdict| c.rows.iter().filter(|r| r.verdict == v).count();
+    writeln!(
+        out,
+        "comparison: {} regressed, {} improved, {} within noise, {} same, {} missing",
+        count(Verdict::Regressed),
+        count(Verdict::Improved),
+        count(Verdict::WithinNoise),
+        count(Verdict::Same),
+        c.missing.len()
+    )
+    .map_err(io)
+}
+
+pub fn junit_cases(c: &Comparison) -> Vec<junit::Case> {
+    let mut cases: Vec<junit::Case> = c
+        .rows
+        .iter()
+        .map(|r| {
+            let text = format!(
+                "baseline {}, current {}, change {:+.1}% (tolerance {:.1}%): {}",
+                spread(&r.baseline),
+                spread(&r.current),
+                r.change_pct,
+                r.tolerance_pct,
+                r.verdict.label()
+            );
+            junit::Case {
+                name: format!("{} {} B {}", r.step, r.size, r.metric),
+                classname: "compare".into(),
+                outcome: if r.verdict == Verdict::Regressed {
+                    junit::Outcome::Failed(text.clone())
+                } else {
+                    junit::Outcome::Passed
+                },
+                output: text,
+                seconds: 0.0,
+            }
+        })
+        .collect();
+    for m in &c.missing {
+        cases.push(junit::Case {
+            name: format!("{m} present"),
+            classname: "compare".into(),
+            outcome: junit::Outcome::Failed(format!("{m} is in the baseline but not in this run")),
+            output: String::new(),
+            seconds: 0.0,
+        });
+    }
+    cases
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,112 @@
+//! Comparisons of crafted run documents.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::workload::doc::StepRecord;
+use crate::workload::metrics::SizeStats;
+
+fn env(device: &str, mtu: u32) -> crate::report::Environment {
+    serde_json::from_value(serde_json::json!({
+        "tool_version": "0.1.0", "host": "a", "device": device, "port": 1, "link_layer": "Ethernet",
+        "gid_index": 1, "gid": "::ffff:10.0.0.1", "gid_type": "RoCEv2", "mtu": mtu, "active_mtu": 4096,
+        "inline_size": 0, "max_inline": 0, "link_rate_gbps": 100.0,
+        "peer": {"host": "b", "address": "x", "device": device, "port": 1, "gid_index": 1, "gid": "g"}
+    }))
+    .unwrap()
+}
+
+fn doc(device: &str, metric: &str, values: &[f64], tolerance: Option<f64>) -> RunDocument {
+    let mut metrics = BTreeMap::new();
+    metrics.insert(metric.to_string(), Stats::of(values.to_vec()).unwrap());
+    RunDocument {
+        schema: "rdmabench/run".into(),
+        schema_version: 1,
+        tool_version: "0.1.0".into(),
+        workload: "w".into(),
+        workload_file: "w.toml".into(),
+        finished_unix_s: 0.0,
+        environment: Some(env(device, 4096)),
+        steps: vec![StepRecord {
+            name: "bw".into(),
+            kind: "measure".into(),
+            spec: None,
+            repeat: values.len() as u32,
+            runs: Vec::new(),
+            stats: vec![SizeStats { size: 65536, metrics }],
+            thresholds: Vec::new(),
+            tolerance: tolerance.map(|t| BTreeMap::from([(metric.to_string(), t)])).unwrap_or_default(),
+            checks: Vec::new(),
+            error: None,
+            verdict: "pass".into(),
+            duration_s: 1.0,
+        }],
+        verdict: "pass".into(),
+    }
+}
+
+fn verdict(base: &RunDocument, cur: &RunDocument, tol: f64) -> Verdict {
+    let c = compare(base, cur, tol, false).unwrap();
+    assert_eq!(c.rows.len(), 1);
+    c.rows[0].verdict
+}
+
+#[test]
+fn bandwidth_drop_beyond_tolerance_is_a_regression() {
+    let v = verdict(&doc("mlx5_0", "gbps", &[100.0], None), &doc("mlx5_0", "gbps", &[90.0], None), 5.0);
+    assert_eq!(v, Verdict::Regressed);
+    let v = verdict(&doc("mlx5_0", "gbps", &[100.0], None), &doc("mlx5_0", "gbps", &[96.0], None), 5.0);
+    assert_eq!(v, Verdict::Same);
+}
+
+#[test]
+fn latency_directions_are_right() {
+    let base = doc("mlx5_0", "p50_us", &[2.0], None);
+    assert_eq!(verdict(&base, &doc("mlx5_0", "p50_us", &[2.5], None), 5.0), Verdict::Regressed);
+    assert_eq!(verdict(&base, &doc("mlx5_0", "p50_us", &[1.5], None), 5.0), Verdict::Improved);
+}
+
+#[test]
+fn overlapping_repeats_are_noise_and_separate_ones_are_not() {
+    let base = doc("rxe0", "gbps", &[0.40, 0.50, 0.60], None);
+    let noisy = doc("rxe0", "gbps", &[0.35, 0.42, 0.55], None);
+    assert_eq!(verdict(&base, &noisy, 5.0), Verdict::WithinNoise);
+    let slower = doc("rxe0", "gbps", &[0.20, 0.25, 0.30], None);
+    assert_eq!(verdict(&base, &slower, 5.0), Verdict::Regressed);
+}
+
+#[test]
+fn per_metric_tolerance_from_the_workload_wins() {
+    let base = doc("mlx5_0", "gbps", &[100.0], None);
+    let cur = doc("mlx5_0", "gbps", &[85.0], Some(20.0));
+    let c = compare(&base, &cur, 5.0, false).unwrap();
+    assert_eq!(c.rows[0].tolerance_pct, 20.0);
+    assert_eq!(c.rows[0].verdict, Verdict::Same);
+}
+
+#[test]
+fn different_environments_are_refused_unless_allowed() {
+    let base = doc("mlx5_0", "gbps", &[100.0], None);
+    let cur = doc("rxe0", "gbps", &[100.0], None);
+    let e = compare(&base, &cur, 5.0, false).unwrap_err();
+    assert!(matches!(e, Error::Usage(_)));
+    assert!(e.message().contains("device: baseline mlx5_0, current rxe0"), "{}", e.message());
+    let c = compare(&base, &cur, 5.0, true).unwrap();
+    assert_eq!(c.environment_differences.len(), 1);
+    let mut other_mtu = doc("mlx5_0", "gbps", &[100.0], None);
+    other_mtu.environment = Some(env("mlx5_0", 1024));
+    assert!(compare(&base, &other_mtu, 5.0, false).unwrap_err().message().contains("path MTU"));
+}
+
+#[test]
+fn a_missing_step_counts_as_a_regression() {
+    let base = doc("mlx5_0", "gbps", &[100.0], None);
+    let mut cur = doc("mlx5_0", "gbps", &[100.0], None);
+    cur.steps[0].name = "renamed".into();
+    let c = compare(&base, &cur, 5.0, false).unwrap();
+    assert_eq!(c.missing, ["step \"bw\""]);
+    assert_eq!(c.regressions(), 1);
+    let mut out = Vec::new();
+    print(&c, &mut out).unwrap();
+    assert!(String::from_utf8(out).unwrap().contains("MISSING step \"bw\""));
+}

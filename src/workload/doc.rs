@@ -1,0 +1,126 @@
+//! The document of a whole workload run: every step with its spec, every repeat's
+//! results, the statistics thresholds and comparisons use, and the verdicts. Schema
+//! `rdmabench/run` version 1 (results/schema/run-v1.schema.json); `compare` reads it back.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::metrics::{SizeStats, ThresholdVerdict};
+use crate::bench::spec::TestSpec;
+use crate::error::{Error, Result};
+use crate::report::{Environment, SizeResult};
+use crate::validate::checks::Check;
+
+pub const SCHEMA: &str = "rdmabench/run";
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunDocument {
+    pub schema: String,
+    pub schema_version: u32,
+    pub tool_version: String,
+    pub workload: String,
+    pub workload_file: String,
+    pub finished_unix_s: f64,
+    /// The client's view of the first measurement (device, MTU, rate, peer).
+    pub environment: Option<Environment>,
+    pub steps: Vec<StepRecord>,
+    /// "pass" or "fail".
+    pub verdict: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    pub name: String,
+    /// "validate" or "measure".
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<TestSpec>,
+    #[serde(default)]
+    pub repeat: u32,
+    /// Every repeat's results, each with every size.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<Vec<SizeResult>>,
+    /// Per size: each metric's median, min, max and values over the repeats.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stats: Vec<SizeStats>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub thresholds: Vec<ThresholdVerdict>,
+    /// Per-metric tolerance (percent) for comparisons, from the workload.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tolerance: BTreeMap<String, f64>,
+    /// A validate step's checks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<Check>,
+    /// Why the step could not finish.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// "pass" or "fail".
+    pub verdict: String,
+    pub duration_s: f64,
+}
+
+impl StepRecord {
+    pub fn passed(&self) -> bool {
+        self.verdict == "pass"
+    }
+}
+
+/// Reads a run document, or a single test's result document (as a one-step run).
+pub fn read(path: &str) -> Result<RunDocument> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::Usage(format!("cannot read {path}: {e}")))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::Usage(format!("{path} is not JSON: {e}")))?;
+    let bad = |e: serde_json::Error| Error::Usage(format!("{path} is not a valid rdmabench document: {e}"));
+    match v.get("schema").and_then(|s| s.as_str()) {
+        Some(SCHEMA) => {
+            let version = v.get("schema_version").and_then(|s| s.as_u64()).unwrap_or(0);
+            if version != SCHEMA_VERSION as u64 {
+                return Err(Error::Usage(format!(
+                    "{path} has {SCHEMA} version {version}; this rdmabench reads version {SCHEMA_VERSION}: rerun the \
+                     baseline with this version"
+                )));
+            }
+            serde_json::from_value(v).map_err(bad)
+        }
+        Some(crate::report::json::SCHEMA) => {
+            let doc: crate::report::json::Document = serde_json::from_value(v).map_err(bad)?;
+            Ok(from_result(doc, path))
+        }
+        other => Err(Error::Usage(format!(
+            "{path} is a {other:?} document; compare reads rdmabench/run (from `rdmabench run --json`) or \
+             rdmabench/result (a test's --json)"
+        ))),
+    }
+}
+
+/// A single test's document seen as a run of one step named after the test.
+fn from_result(doc: crate::report::json::Document, path: &str) -> RunDocument {
+    let run = doc.run;
+    let runs = vec![run.results.clone()];
+    RunDocument {
+        schema: SCHEMA.into(),
+        schema_version: SCHEMA_VERSION,
+        tool_version: run.environment.tool_version.clone(),
+        workload: run.test.clone(),
+        workload_file: path.into(),
+        finished_unix_s: doc.finished_unix_s,
+        environment: Some(run.environment.clone()),
+        steps: vec![StepRecord {
+            name: run.test.clone(),
+            kind: "measure".into(),
+            spec: Some(run.spec.clone()),
+            repeat: 1,
+            stats: super::metrics::gather(&runs),
+            runs,
+            thresholds: Vec::new(),
+            tolerance: BTreeMap::new(),
+            checks: Vec::new(),
+            error: None,
+            verdict: "pass".into(),
+            duration_s: 0.0,
+        }],
+        verdict: "pass".into(),
+    }
+}

@@ -1,0 +1,288 @@
+//! Runs a workload from the client side: every step in order (validate steps here,
+//! measurements through the session against a `run --serve` peer, repeated as asked),
+//! thresholds judged on the median of the repeats, one document for the whole run,
+//! JUnit, and the comparison with a baseline when given.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use super::doc::{self, RunDocument, StepRecord};
+use super::file::{Measurement, StepKind, Workload};
+use super::metrics;
+use crate::bench::runner::{self, RunOptions};
+use crate::error::{Error, Result};
+use crate::regress;
+use crate::report::junit;
+use crate::report::table::Units;
+use crate::validate::{self, Request, sysfs::Tree};
+use crate::verbs::DeviceSelection;
+
+/// How to reach the peer and where the outputs go.
+pub struct Plan {
+    pub workload: Workload,
+    pub peer: String,
+    pub selection: DeviceSelection,
+    pub tcp_port: u16,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+    pub units: Units,
+    pub json: Option<String>,
+    pub junit: Option<String>,
+    pub baseline: Option<String>,
+    pub tolerance_pct: f64,
+    pub allow_env_mismatch: bool,
+}
+
+impl Plan {
+    fn options(&self, cpu_util: bool) -> RunOptions {
+        RunOptions {
+            selection: self.selection.clone(),
+            tcp_port: self.tcp_port,
+            connect_timeout: self.connect_timeout,
+            timeout: self.timeout,
+            json: None,
+            cpu_util,
+            histogram: None,
+            units: self.units,
+            tables_on_stderr: self.json.as_deref() == Some("-"),
+        }
+    }
+}
+
+fn io(e: std::io::Error) -> Error {
+    Error::Environment(format!("cannot write the output: {e}"))
+}
+
+/// Runs the workload; Err(Check) when a step, threshold or comparison failed (exit 1).
+pub fn client(plan: &Plan, out: &mut dyn Write) -> Result<RunDocument> {
+    let w = &plan.workload;
+    let n = w.steps.len();
+    let mut steps = Vec::with_capacity(n);
+    let mut environment = None;
+    let mut peer_lost: Option<String> = None;
+    for (i, step) in w.steps.iter().enumerate() {
+        writeln!(out, "\n=== step {}/{n}: {} ===", i + 1, step.name).map_err(io)?;
+        let t = Instant::now();
+        let mut record = match (&step.kind, &peer_lost) {
+            (_, Some(why)) => skipped(&step.name, why),
+            (StepKind::Validate { profile, expect_nics, expect_gpus }, _) => {
+                let req = Request {
+                    tree: Tree::default(),
+                    profile: profile.profile(),
+                    expect_nics: *expect_nics,
+                    expect_gpus: *expect_gpus,
+                    mr_size: 64 << 20,
+                    json: None,
+                    junit: None,
+                };
+                let outcome = validate::evaluate(&req);
+                validate::print_lines(req.profile, &outcome, out)?;
+                let failed = validate::verdict(&outcome) == "FAIL";
+                StepRecord {
+                    kind: "validate".into(),
+                    checks: outcome.checks,
+                    verdict: if failed { "fail" } else { "pass" }.into(),
+                    ..skipped(&step.name, "")
+                }
+            }
+            (StepKind::Measure(m), _) => {
+                let r = measure(plan, &step.name, m, out)?;
+                if let Some(Error::Peer(why)) = &r.1 {
+                    peer_lost = Some(format!("not run: the peer was lost in step \"{}\" ({why})", step.name));
+                }
+                if environment.is_none() {
+                    environment = r.2;
+                }
+                r.0
+            }
+        };
+        record.duration_s = t.elapsed().as_secs_f64();
+        steps.push(record);
+    }
+    if peer_lost.is_none() {
+        runner::finish_workload(&plan.peer, &plan.options(false))?;
+    }
+    let verdict = if steps.iter().all(StepRecord::passed) { "pass" } else { "fail" };
+    let doc = RunDocument {
+        schema: doc::SCHEMA.into(),
+        schema_version: doc::SCHEMA_VERSION,
+        tool_version: env!("CARGO_PKG_VERSION").into(),
+        workload: w.name.clone(),
+        workload_file: w.file.clone(),
+        finished_unix_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
+        environment,
+        steps,
+        verdict: verdict.into(),
+    };
+    summary(&doc, out)?;
+    let comparison = match &plan.baseline {
+        Some(path) => {
+            let base = doc::read(path)?;
+            let c = regress::compare(&base, &doc, plan.tolerance_pct, plan.allow_env_mismatch)?;
+            writeln!(out, "\n=== compared with {path} ===").map_err(io)?;
+            regress::print(&c, out)?;
+            Some(c)
+        }
+        None => None,
+    };
+    if let Some(target) = &plan.json {
+        write_json(&doc, target)?;
+    }
+    if let Some(path) = &plan.junit {
+        let mut cases = junit_cases(&doc);
+        if let Some(c) = &comparison {
+            cases.extend(regress::junit_cases(c));
+        }
+        std::fs::write(path, junit::render(&format!("rdmabench run {}", doc.workload), &cases))
+            .map_err(|e| Error::Environment(format!("cannot write {path}: {e}")))?;
+    }
+    let failed: Vec<&str> = doc.steps.iter().filter(|s| !s.passed()).map(|s| s.name.as_str()).collect();
+    if !failed.is_empty() {
+        return Err(Error::Check(format!("workload {}: step(s) failed: {}", doc.workload, failed.join(", "))));
+    }
+    if let Some(c) = &comparison
+        && c.regressions() > 0
+    {
+        return Err(Error::Check(format!(
+            "workload {}: {} regression(s) against the baseline",
+            doc.workload,
+            c.regressions()
+        )));
+    }
+    Ok(doc)
+}
+
+fn skipped(name: &str, why: &str) -> StepRecord {
+    StepRecord {
+        name: name.into(),
+        kind: "measure".into(),
+        spec: None,
+        repeat: 0,
+        runs: Vec::new(),
+        stats: Vec::new(),
+        thresholds: Vec::new(),
+        tolerance: Default::default(),
+        checks: Vec::new(),
+        error: (!why.is_empty()).then(|| why.into()),
+        verdict: "fail".into(),
+        duration_s: 0.0,
+    }
+}
+
+/// Runs one measurement `repeat` times; returns its record, the error that stopped it,
+/// and the environment of its first run.
+fn measure(
+    plan: &Plan,
+    name: &str,
+    m: &Measurement,
+    out: &mut dyn Write,
+) -> Result<(StepRecord, Option<Error>, Option<crate::report::Environment>)> {
+    let mut runs = Vec::new();
+    let mut environment = None;
+    let mut failure = None;
+    for r in 0..m.repeat {
+        if m.repeat > 1 {
+            writeln!(out, "--- {name}: run {}/{} ---", r + 1, m.repeat).map_err(io)?;
+            out.flush().map_err(io)?;
+        }
+        match runner::client(&plan.peer, &m.spec, &plan.options(m.cpu_util)) {
+            Ok(result) => {
+                environment.get_or_insert(result.environment);
+                runs.push(result.results);
+            }
+            Err(e @ Error::Interrupted(_)) => return Err(e),
+            Err(e) => {
+                writeln!(out, "rdmabench: step \"{name}\" failed: {e}").map_err(io)?;
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    let stats = metrics::gather(&runs);
+    let thresholds = metrics::judge(&m.thresholds, &stats);
+    for t in &thresholds {
+        writeln!(out, "  threshold {}: {}", t.threshold.key, t.describe()).map_err(io)?;
+    }
+    let ok = failure.is_none() && thresholds.iter().all(|t| t.pass);
+    let record = StepRecord {
+        name: name.into(),
+        kind: "measure".into(),
+        spec: Some(m.spec.clone()),
+        repeat: m.repeat,
+        runs,
+        stats,
+        thresholds,
+        tolerance: m.tolerance.clone(),
+        checks: Vec::new(),
+        error: failure.as_ref().map(|e| e.message()),
+        verdict: if ok { "pass" } else { "fail" }.into(),
+        duration_s: 0.0,
+    };
+    Ok((record, failure, environment))
+}
+
+fn summary(doc: &RunDocument, out: &mut dyn Write) -> Result<()> {
+    writeln!(out, "\n=== workload {}: {} ===", doc.workload, doc.verdict.to_uppercase()).map_err(io)?;
+    for s in &doc.steps {
+        let thresholds = s.thresholds.len();
+        let failed = s.thresholds.iter().filter(|t| !t.pass).count();
+        let detail = match (&s.error, thresholds) {
+            (Some(e), _) => format!("error: {e}"),
+            (None, 0) if s.kind == "validate" => format!("{} checks", s.checks.len()),
+            (None, 0) => "no thresholds".into(),
+            (None, n) => format!("{}/{n} thresholds met", n - failed),
+        };
+        writeln!(out, "{:<5} {:<40} {detail} ({:.1} s)", s.verdict.to_uppercase(), s.name, s.duration_s).map_err(io)?;
+    }
+    Ok(())
+}
+
+fn write_json(doc: &RunDocument, target: &str) -> Result<()> {
+    let text = serde_json::to_string_pretty(doc).expect("serialisable") + "\n";
+    if target == "-" {
+        return std::io::stdout().write_all(text.as_bytes()).map_err(io);
+    }
+    let tmp = format!("{target}.tmp{}", std::process::id());
+    std::fs::write(&tmp, text)
+        .and_then(|_| std::fs::rename(&tmp, target))
+        .map_err(|e| Error::Environment(format!("cannot write {target}: {e}")))
+}
+
+/// One test case per step and one per threshold.
+pub fn junit_cases(doc: &RunDocument) -> Vec<junit::Case> {
+    let mut cases = Vec::new();
+    for s in &doc.steps {
+        let outcome = match (&s.error, s.passed()) {
+            (Some(e), _) => junit::Outcome::Failed(e.clone()),
+            (None, true) => junit::Outcome::Passed,
+            (None, false) if s.kind == "validate" => junit::Outcome::Failed(
+                s.checks
+                    .iter()
+                    .filter(|c| c.status == crate::validate::checks::Status::Fail)
+                    .map(|c| format!("{} {}: {}", c.id, c.subject, c.seen))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ),
+            (None, false) => junit::Outcome::Failed("a threshold was not met".into()),
+        };
+        cases.push(junit::Case {
+            name: s.name.clone(),
+            classname: format!("{}.step", doc.workload),
+            outcome,
+            output: String::new(),
+            seconds: s.duration_s,
+        });
+        for t in &s.thresholds {
+            cases.push(junit::Case {
+                name: format!("{}: {} at {} B", s.name, t.threshold.key, t.size),
+                classname: format!("{}.threshold", doc.workload),
+                outcome: if t.pass { junit::Outcome::Passed } else { junit::Outcome::Failed(t.describe()) },
+                output: t.describe(),
+                seconds: 0.0,
+            });
+        }
+    }
+    cases
+}

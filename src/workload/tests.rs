@@ -1,0 +1,101 @@
+//! Workload files: the shipped ones parse; every kind of bad input names file, line, key.
+
+use std::collections::BTreeMap;
+
+use super::file::{StepKind, parse};
+
+fn shipped(name: &str) -> String {
+    std::fs::read_to_string(format!("{}/workloads/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+fn err(text: &str) -> String {
+    parse(text, "w.toml", &BTreeMap::new()).unwrap_err().message()
+}
+
+#[test]
+fn shipped_workloads_parse() {
+    for (name, steps) in [("smoke.toml", 3), ("acceptance.toml", 7), ("sweep.toml", 2), ("regression.toml", 4)] {
+        let w = parse(&shipped(name), name, &BTreeMap::new()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(w.steps.len(), steps, "{name}");
+    }
+    let w = parse(&shipped("sweep.toml"), "sweep.toml", &BTreeMap::new()).unwrap();
+    let StepKind::Measure(m) = &w.steps[0].kind else { panic!() };
+    assert_eq!(m.spec.sizes.len(), 23);
+}
+
+#[test]
+fn params_feed_thresholds_and_can_be_overridden() {
+    let text = shipped("acceptance.toml");
+    let w = parse(&text, "a.toml", &BTreeMap::new()).unwrap();
+    let StepKind::Measure(m) = &w.steps[1].kind else { panic!() };
+    assert_eq!(m.thresholds[0].limit, 200.0);
+    assert_eq!(m.repeat, 3);
+    let over = BTreeMap::from([("max_write_p50_us".to_string(), 3.5)]);
+    let w = parse(&text, "a.toml", &over).unwrap();
+    let StepKind::Measure(m) = &w.steps[1].kind else { panic!() };
+    assert_eq!(m.thresholds[0].limit, 3.5);
+    let bad = BTreeMap::from([("nope".to_string(), 1.0)]);
+    let e = parse(&text, "a.toml", &bad).unwrap_err().message();
+    assert!(e.contains("--param nope") && e.contains("max_write_p50_us"), "{e}");
+}
+
+const BASE: &str = "name = \"t\"\n\n[[step]]\nname = \"s\"\ntest = \"write-bw\"\n";
+
+#[test]
+fn unknown_key_names_file_line_and_key() {
+    let e = err(&format!("{BASE}sise = 64\n"));
+    assert!(e.starts_with("w.toml:6:") && e.contains("`sise`") && e.contains("unknown field"), "{e}");
+    let e = err("name = \"t\"\ncolour = 1\n[[step]]\nname = \"s\"\ntest = \"write-bw\"\n");
+    assert!(e.starts_with("w.toml:2:") && e.contains("colour"), "{e}");
+}
+
+#[test]
+fn wrong_type_names_file_line_and_key() {
+    let e = err(&format!("{BASE}iterations = \"many\"\n"));
+    assert!(e.starts_with("w.toml:6:") && e.contains("key `iterations`"), "{e}");
+    let e = err(&format!("{BASE}transport = \"TCP\"\n"));
+    assert!(e.starts_with("w.toml:6:") && e.contains("key `transport`") && e.contains("RC"), "{e}");
+}
+
+#[test]
+fn impossible_values_name_file_line_and_key() {
+    let cases = [
+        ("size = 0\n", "size", "size 0"),
+        ("iterations = 0\n", "iterations", "-n 1"),
+        ("tx_depth = 0\n", "tx_depth", "-t 1"),
+        ("mtu = 1500\n", "mtu", "4096"),
+        ("qps = 0\n", "qps", "-q 1"),
+        ("repeat = 0\n", "repeat", "1..=100"),
+        ("transport = \"UD\"\n", "transport", "UD carries only SEND"),
+        ("[step.thresholds]\nmin_gbps = -1\n", "min_gbps", "positive"),
+        ("[step.thresholds]\nmax_gbps = 1\n", "max_gbps", "min_gbps"),
+        ("[step.thresholds]\nmin_gbps = \"$nope\"\n", "min_gbps", "not defined"),
+        ("[step.thresholds]\nmin_gbps = \"fast\"\n", "min_gbps", "parameter reference"),
+        ("[step.tolerance]\nlatency = 5\n", "latency", "p50_us"),
+        ("expect_nics = 2\n", "expect_nics", "validate steps only"),
+        ("size = 64\nsizes = [64]\n", "size", "one of `size`"),
+    ];
+    for (extra, key, part) in cases {
+        let text = format!("{BASE}{extra}");
+        let e = err(&text);
+        let line = text.lines().position(|l| l.starts_with(key)).map(|i| i + 1).unwrap();
+        assert!(e.starts_with(&format!("w.toml:{line}: key `{key}`")), "{extra:?}: {e}");
+        assert!(e.contains(part), "{extra:?}: missing {part:?} in {e}");
+    }
+}
+
+#[test]
+fn step_shape_errors() {
+    let e = err("name = \"t\"\n[[step]]\nname = \"s\"\nvalidate = \"generic\"\ntest = \"write-bw\"\n");
+    assert!(e.contains("either validates or measures"), "{e}");
+    let e = err("name = \"t\"\n[[step]]\nname = \"s\"\n");
+    assert!(e.contains("neither"), "{e}");
+    let e = err("name = \"t\"\n[[step]]\nname = \"s\"\ntest = \"write-speed\"\n");
+    assert!(e.contains("w.toml:4: key `test`") && e.contains("write-bw"), "{e}");
+    let e = err("name = \"t\"\n[[step]]\nname = \"s\"\nvalidate = \"gke\"\n");
+    assert!(e.contains("key `validate`") && e.contains("vke-shared"), "{e}");
+    let e = err(&format!("{BASE}[[step]]\nname = \"s\"\ntest = \"read-bw\"\n"));
+    assert!(e.contains("w.toml:7: key `name`") && e.contains("two steps"), "{e}");
+    let e = err("name = \"t\"\n");
+    assert!(e.contains("no [[step]]"), "{e}");
+}
