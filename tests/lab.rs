@@ -702,3 +702,97 @@ fn lab_pair_profile_sees_the_shared_nic() {
         );
     }
 }
+
+/// Starts `rdmabench run --serve` on a fresh port; returns it and the port.
+fn serve_workload() -> (Child, String) {
+    let port = next_port();
+    let child = Command::new(BIN)
+        .args(["run", "--serve", "-p", &port, "--connect-timeout", "30", "--timeout", "10"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the serving side");
+    (child, port)
+}
+
+fn run_workload(workload: &str, extra: &[&str]) -> (Out, Out) {
+    let (server, port) = serve_workload();
+    let addr = server_addr();
+    let mut args = vec!["run", workload, "--peer", &addr, "-p", &port, "--connect-timeout", "30"];
+    args.extend_from_slice(extra);
+    let client = finish(spawn(&args), Duration::from_secs(300));
+    let server = finish(server, Duration::from_secs(60));
+    (client, server)
+}
+
+fn workload_path(name: &str) -> String {
+    format!("{}/workloads/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn lab_run_smoke_workload_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let (json, junit) = (json_file(&dir, "smoke.json"), json_file(&dir, "smoke.xml"));
+    let (c, s) = run_workload(&workload_path("smoke.toml"), &["--json", &json, "--junit", &junit]);
+    assert_eq!(c.code, 0, "{}\n{}", c.stdout, c.stderr);
+    assert_eq!(s.code, 0, "the serving side ends when the client finishes: {}", s.stderr);
+    assert!(
+        c.stdout.contains("=== workload smoke: PASS ===") && c.stdout.contains("threshold max_p50_us"),
+        "{}",
+        c.stdout
+    );
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["schema"], "rdmabench/run");
+    assert_eq!(doc["verdict"], "pass");
+    let steps = doc["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 3);
+    assert_eq!(steps[0]["kind"], "validate");
+    assert_eq!(steps[1]["thresholds"][0]["pass"], true);
+    assert!(steps[2]["stats"][0]["metrics"]["gbps"]["median"].as_f64().unwrap() > 0.0);
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    let parsed = roxmltree::Document::parse(&xml).expect("well-formed JUnit");
+    assert_eq!(parsed.descendants().filter(|n| n.has_tag_name("testcase")).count(), 3 + 2, "3 steps, 2 thresholds");
+
+    // A threshold no device meets fails the run (exit 1) and its JUnit case.
+    let strict = json_file(&dir, "strict.toml");
+    std::fs::write(
+        &strict,
+        "name = \"strict\"\n[[step]]\nname = \"lat\"\ntest = \"write-lat\"\niterations = 200\n\
+         [step.thresholds]\nmax_p50_us = 0.001\n",
+    )
+    .unwrap();
+    let (c, _) = run_workload(&strict, &["--junit", &junit]);
+    assert_eq!(c.code, 1, "{}\n{}", c.stdout, c.stderr);
+    assert!(c.stdout.contains("FAIL") && c.stderr.contains("step(s) failed: lat"), "{}\n{}", c.stdout, c.stderr);
+    assert!(std::fs::read_to_string(&junit).unwrap().contains("<failure"));
+}
+
+#[test]
+fn lab_run_regression_against_the_committed_baseline() {
+    let baseline = format!("{}/results/baseline-rxe.json", env!("CARGO_MANIFEST_DIR"));
+    let (c, _) = run_workload(&workload_path("regression.toml"), &["--baseline", &baseline]);
+    assert_eq!(c.code, 0, "{}\n{}", c.stdout, c.stderr);
+    assert!(c.stdout.contains("compared with") && c.stdout.contains("0 regressed"), "{}", c.stdout);
+
+    // The same baseline made three times better: every metric regresses.
+    let mut doc: Value = serde_json::from_str(&std::fs::read_to_string(&baseline).unwrap()).unwrap();
+    for step in doc["steps"].as_array_mut().unwrap() {
+        for size in step["stats"].as_array_mut().unwrap() {
+            for (metric, s) in size["metrics"].as_object_mut().unwrap() {
+                let f = if metric.ends_with("_us") { 1.0 / 3.0 } else { 3.0 };
+                for k in ["median", "min", "max"] {
+                    s[k] = (s[k].as_f64().unwrap() * f).into();
+                }
+                for v in s["values"].as_array_mut().unwrap() {
+                    *v = (v.as_f64().unwrap() * f).into();
+                }
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tight = json_file(&dir, "tight.json");
+    std::fs::write(&tight, serde_json::to_string(&doc).unwrap()).unwrap();
+    let (c, _) = run_workload(&workload_path("regression.toml"), &["--baseline", &tight]);
+    assert_eq!(c.code, 1, "{}\n{}", c.stdout, c.stderr);
+    assert!(c.stdout.contains("REGRESSED") && c.stderr.contains("regression(s) against the baseline"), "{}", c.stderr);
+}
