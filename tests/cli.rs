@@ -122,3 +122,87 @@ mod fixture_trees {
         assert_eq!(code, Some(3), "{stderr}");
     }
 }
+
+mod results {
+    use super::*;
+
+    fn baseline() -> String {
+        format!("{}/results/baseline-rxe.json", env!("CARGO_MANIFEST_DIR"))
+    }
+
+    fn modified(dir: &tempfile::TempDir, f: impl Fn(&mut serde_json::Value)) -> String {
+        let mut doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(baseline()).unwrap()).unwrap();
+        f(&mut doc);
+        let path = dir.path().join("doc.json");
+        std::fs::write(&path, doc.to_string()).unwrap();
+        path.to_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn compare_a_baseline_with_itself_a_slower_copy_and_another_device() {
+        let out = Command::new(BIN).args(["compare", &baseline(), &baseline()]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{text}");
+        assert!(text.contains("0 regressed") && text.contains("write bandwidth 64 KiB"), "{text}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let slower = modified(&dir, |d| {
+            for step in d["steps"].as_array_mut().unwrap() {
+                for size in step["stats"].as_array_mut().unwrap() {
+                    if let Some(g) = size["metrics"].get_mut("gbps") {
+                        for k in ["median", "min", "max"] {
+                            g[k] = (g[k].as_f64().unwrap() / 2.0).into();
+                        }
+                        for v in g["values"].as_array_mut().unwrap() {
+                            *v = (v.as_f64().unwrap() / 2.0).into();
+                        }
+                    }
+                }
+            }
+        });
+        let junit = dir.path().join("c.xml");
+        let out = Command::new(BIN)
+            .args(["compare", &baseline(), &slower, "--json", "-", "--junit", junit.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+        let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let regressed: Vec<&serde_json::Value> =
+            c["rows"].as_array().unwrap().iter().filter(|r| r["verdict"] == "regressed").collect();
+        assert_eq!(regressed.len(), 2, "gbps of the two bandwidth steps: {c}");
+        let xml = std::fs::read_to_string(&junit).unwrap();
+        assert!(roxmltree::Document::parse(&xml).unwrap().descendants().any(|n| n.has_tag_name("failure")));
+
+        let other = modified(&dir, |d| d["environment"]["device"] = "mlx5_0".into());
+        let out = Command::new(BIN).args(["compare", &baseline(), &other]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("different environments"));
+        let out = Command::new(BIN).args(["compare", &baseline(), &other, "--allow-env-mismatch"]).output().unwrap();
+        assert_eq!(out.status.code(), Some(0));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("WARNING environments differ: device"));
+    }
+
+    #[test]
+    fn plot_draws_a_valid_svg() {
+        let dir = tempfile::tempdir().unwrap();
+        let svg = dir.path().join("b.svg");
+        let out = Command::new(BIN).args(["plot", &baseline(), "-o", svg.to_str().unwrap()]).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = std::fs::read_to_string(&svg).unwrap();
+        let doc = roxmltree::Document::parse(&text).expect("valid SVG");
+        assert_eq!(doc.root_element().tag_name().name(), "svg");
+        assert!(doc.descendants().filter(|n| n.has_tag_name("polyline")).count() >= 2, "bandwidth and latency lines");
+    }
+
+    #[test]
+    fn the_baseline_matches_the_run_schema() {
+        let root = env!("CARGO_MANIFEST_DIR");
+        let schema: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(format!("{root}/results/schema/run-v1.schema.json")).unwrap())
+                .unwrap();
+        let v = jsonschema::validator_for(&schema).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(baseline()).unwrap()).unwrap();
+        let errors: Vec<String> = v.iter_errors(&doc).map(|e| format!("{e} at {}", e.instance_path())).collect();
+        assert!(errors.is_empty(), "{errors:?}");
+    }
+}

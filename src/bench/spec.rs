@@ -124,6 +124,9 @@ pub struct TestSpec {
     pub corrupt_at: Option<u64>,
 }
 
+/// A bandwidth test requests a completion at least once per this many bytes sent.
+pub const SIGNAL_BYTES: u64 = 8 << 20;
+
 /// perftest's defaults for one test.
 pub struct Defaults {
     pub size: u64,
@@ -219,6 +222,16 @@ impl TestSpec {
     /// Completion moderation actually used: never more than the queue depth (perftest does the same).
     pub fn effective_cq_mod(&self) -> u32 {
         self.cq_mod.clamp(1, self.tx_depth.max(1))
+    }
+
+    /// How often a bandwidth test at `size` requests a completion: the CQ moderation,
+    /// but at least once per `SIGNAL_BYTES`, so large messages still complete (and show
+    /// progress to the peer-loss deadline and the peak meter) every few milliseconds
+    /// instead of after hundreds of megabytes. (perftest turns moderation off above a
+    /// size for the same reason.)
+    pub fn signal_every(&self, size: u64) -> u32 {
+        let by_bytes = (SIGNAL_BYTES / size.max(1)).clamp(1, u32::MAX as u64) as u32;
+        self.effective_cq_mod().min(by_bytes)
     }
 
     /// Inline threshold actually requested from the device.
@@ -572,6 +585,9 @@ mod tests {
         assert_eq!(s.effective_cq_mod(), 16);
         s.tx_depth = 128;
         assert_eq!(s.effective_cq_mod(), 100);
+        assert_eq!(s.signal_every(65536), 100, "8 MiB / 64 KiB = 128: moderation unchanged");
+        assert_eq!(s.signal_every(1 << 20), 8);
+        assert_eq!(s.signal_every(8 << 20), 1);
     }
 
     #[test]

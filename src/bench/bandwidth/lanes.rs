@@ -102,7 +102,7 @@ impl<'a> Sender<'a> {
         // A validated payload's source slot is reused only after its message completed.
         let reuses_sources = spec.validate_data && matches!(spec.operation, Operation::Write | Operation::Send);
         let depth = if reuses_sources { spec.tx_depth.min(l.send_slots as u32) } else { spec.tx_depth };
-        let cq_mod = spec.effective_cq_mod().min(depth);
+        let cq_mod = spec.signal_every(size).min(depth);
         Sender {
             run: *run,
             window: SendWindow::new(depth, cq_mod),
