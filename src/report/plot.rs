@@ -292,6 +292,20 @@ mod tests {
     }
 
     #[test]
+    fn cdf_rises_to_100_percent() {
+        let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).unwrap();
+        for v in 1..=1000u64 {
+            h.record(10_000 + v * 10).unwrap();
+        }
+        let c = cdf_chart(&[("size=2".into(), h)]);
+        let pts = &c.series[0].points;
+        assert!(pts.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1), "monotone");
+        assert!((pts.last().unwrap().1 - 100.0).abs() < 1e-9);
+        assert!(pts[0].0 >= 10.0 && pts.last().unwrap().0 <= 20.1, "microseconds: {:?}", pts.last());
+        roxmltree::Document::parse(&svg(&[c])).unwrap();
+    }
+
+    #[test]
     fn latency_spanning_decades_uses_a_log_axis_and_empty_charts_say_so() {
         let text = svg(&[chart(true, vec![(2.0, 1.0), (1024.0, 5000.0)])]);
         assert!(text.contains(">1000<") || text.contains(">10000<"), "decade ticks");
