@@ -10,9 +10,25 @@ lab_packages=(
   rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils
   # the guest: Debian's kernel (ships rdma_rxe), QEMU, and the initramfs tools
   qemu-system-x86 linux-image-amd64 busybox-static iproute2 kmod cpio xz-utils util-linux
-  # lab/test and lab/bench read cargo's and rdmabench's JSON with it
-  python3
+  # lab/test and lab/bench read cargo's and rdmabench's JSON with it; lab/test validates
+  # the Kubernetes manifests with kubernetes-validate (PyPI) in a virtual environment
+  python3 python3-venv
 )
+
+# The Kubernetes version the manifests are validated against (k8s-openapi's feature too).
+KUBE_VERSION=1.35.0
+KUBERNETES_VALIDATE=1.37.0
+
+# Validates manifests offline against the real Kubernetes schemas, --strict (unknown
+# fields are errors). Installs kubernetes-validate into target/kv once.
+lab_kubernetes_validate() {
+  local venv=target/kv
+  if ! "$venv/bin/kubernetes-validate" --version 2>/dev/null | grep -qx "$KUBERNETES_VALIDATE"; then
+    python3 -m venv "$venv" >&2
+    "$venv/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE" >&2
+  fi
+  "$venv/bin/kubernetes-validate" --strict --quiet -k "$KUBE_VERSION" "$@"
+}
 
 missing_packages() {
   local p

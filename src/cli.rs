@@ -9,6 +9,10 @@ use clap::{Args, Parser, Subcommand};
 use crate::bench::runner::RunOptions;
 use crate::bench::spec::{AtomicOp, Measure, Operation, TestSpec, Transport};
 use crate::error::{Error, Result};
+use crate::k8s::RenderRequest;
+use crate::k8s::fleet::Topology;
+use crate::k8s::manifest::Placement;
+use crate::k8s::platform::Platform;
 use crate::report::table::Units;
 use crate::validate::profiles::ProfileName;
 use crate::validate::sysfs::{TOPOLOGY_DIR, Tree};
@@ -45,6 +49,14 @@ pub enum Command {
     /// Draw a result as SVG: bandwidth and latency percentiles against message size, or a
     /// latency CDF from a --histogram file.
     Plot(PlotArgs),
+    /// Kubernetes: render acceptance Jobs for a platform mode (and a pod's fleet role).
+    K8s {
+        #[command(subcommand)]
+        command: K8sCommand,
+    },
+    /// Summarise a fleet's results from its pods' logs (RDMABENCH_RESULT lines): failing
+    /// and missing links first, then the slowest.
+    Summarize(SummarizeArgs),
     /// RDMA WRITE latency (ping-pong, one-way = round trip / 2), like ib_write_lat.
     WriteLat(TestArgs),
     /// RDMA WRITE bandwidth and message rate, like ib_write_bw.
@@ -72,7 +84,9 @@ impl Command {
             | Command::NcclEnv(_)
             | Command::Run(_)
             | Command::Compare(_)
-            | Command::Plot(_) => return None,
+            | Command::Plot(_)
+            | Command::K8s { .. }
+            | Command::Summarize(_) => return None,
             Command::WriteLat(a) => (Operation::Write, Measure::Latency, a),
             Command::WriteBw(a) => (Operation::Write, Measure::Bandwidth, a),
             Command::ReadLat(a) => (Operation::Read, Measure::Latency, a),
@@ -376,6 +390,106 @@ pub struct PlotArgs {
     /// Also draw the latency CDF from this --histogram file.
     #[arg(long, value_name = "FILE")]
     pub histogram: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum K8sCommand {
+    /// Print a ready-to-apply Service + Indexed Job (YAML) for a platform mode.
+    Render(RenderArgs),
+    /// A fleet pod's role: prints `SERVE PEER` (e.g. `yes 3`); used by the Job's script.
+    #[command(hide = true)]
+    Role {
+        #[arg(long)]
+        index: u32,
+        #[arg(long)]
+        pods: u32,
+        #[arg(long, value_enum)]
+        topology: Topology,
+    },
+    /// Write every manifest of k8s-jobs/ into DIR (how the committed ones are made).
+    #[command(hide = true)]
+    RenderAll { dir: PathBuf },
+}
+
+#[derive(Args, Debug)]
+pub struct RenderArgs {
+    #[arg(long, value_enum)]
+    pub platform: Platform,
+    /// vke: exclusive, shared, shared-multi, shared-host; ack: shared-hostnet, shared-podnet, exclusive.
+    #[arg(long)]
+    pub mode: String,
+    /// RDMA NICs per pod (the resource quantity on VKE; what validate expects).
+    #[arg(long, default_value_t = 1)]
+    pub nics: u32,
+    /// GPUs per pod (nvidia.com/gpu).
+    #[arg(long)]
+    pub gpus: Option<u32>,
+    /// NICs of the machine: checks the document's whole-or-half rule.
+    #[arg(long, value_name = "M")]
+    pub machine_nics: Option<u32>,
+    #[arg(long, default_value = crate::k8s::DEFAULT_IMAGE)]
+    pub image: String,
+    /// A workload the image ships: smoke, acceptance, sweep, regression.
+    #[arg(long, default_value = "acceptance")]
+    pub workload: String,
+    #[arg(long, default_value = "default")]
+    pub namespace: String,
+    /// The Job and Service name (default rdmabench-PLATFORM-MODE).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Both pods on one node (required pod affinity).
+    #[arg(long, conflicts_with = "cross_node")]
+    pub same_node: bool,
+    /// Pods on different nodes (required anti-affinity); the default.
+    #[arg(long)]
+    pub cross_node: bool,
+    /// A fleet of N pods instead of a pair.
+    #[arg(long, value_name = "N")]
+    pub pods: Option<u32>,
+    /// How a fleet's pods pair up.
+    #[arg(long, value_enum, default_value = "ring", requires = "pods")]
+    pub topology: Topology,
+    /// activeDeadlineSeconds of the Job.
+    #[arg(long, default_value_t = 1800, value_name = "SECS")]
+    pub deadline: i64,
+    /// TCP port of the control channel.
+    #[arg(short = 'p', long = "port", default_value_t = 18515)]
+    pub port: u16,
+}
+
+impl RenderArgs {
+    pub fn request(&self) -> RenderRequest {
+        RenderRequest {
+            platform: self.platform,
+            mode: self.mode.clone(),
+            nics: self.nics,
+            gpus: self.gpus,
+            machine_nics: self.machine_nics,
+            image: self.image.clone(),
+            workload: self.workload.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            placement: if self.same_node { Placement::SameNode } else { Placement::CrossNode },
+            fleet: self.pods.map(|n| (n, self.topology)),
+            deadline_s: self.deadline,
+            port: self.port,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct SummarizeArgs {
+    /// Files with the pods' logs; `-` reads stdin.
+    #[arg(required = true)]
+    pub logs: Vec<String>,
+    /// The fleet's size, so missing links are named.
+    #[arg(long, value_name = "N")]
+    pub pods: Option<u32>,
+    #[arg(long, value_enum, default_value = "ring", requires = "pods")]
+    pub topology: Topology,
+    /// JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `5%`, `5` or `2.5%`: percent.

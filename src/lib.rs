@@ -11,6 +11,7 @@ pub mod bench;
 pub mod cli;
 pub mod devices;
 pub mod error;
+pub mod k8s;
 pub mod regress;
 pub mod report;
 pub mod session;

@@ -4,8 +4,8 @@ use clap::Parser;
 
 use rdmabench::bench::runner;
 use rdmabench::bench::spec::{Measure, Operation};
-use rdmabench::cli::{Cli, Command, RunArgs, TestArgs};
-use rdmabench::{Result, devices, regress, report, signals, validate, verbs, workload};
+use rdmabench::cli::{Cli, Command, K8sCommand, RunArgs, TestArgs};
+use rdmabench::{Result, devices, k8s, regress, report, signals, validate, verbs, workload};
 
 fn run_test(operation: Operation, measure: Measure, args: &TestArgs) -> Result<()> {
     let opts = args.options()?;
@@ -39,6 +39,36 @@ fn run_workload(args: &RunArgs, out: &mut dyn std::io::Write) -> Result<()> {
     workload::run::client(&plan, out).map(drop)
 }
 
+fn k8s_command(command: K8sCommand, out: &mut dyn std::io::Write) -> Result<()> {
+    let write = |out: &mut dyn std::io::Write, text: &str| {
+        out.write_all(text.as_bytes()).map_err(|e| rdmabench::Error::Environment(format!("cannot write: {e}")))
+    };
+    match command {
+        K8sCommand::Render(args) => {
+            let (params, warnings) = k8s::plan(&args.request())?;
+            for w in warnings {
+                eprintln!("rdmabench: warning: {w}");
+            }
+            write(out, &k8s::manifest::render(&params))
+        }
+        K8sCommand::Role { index, pods, topology } => {
+            let role = k8s::fleet::role(index, pods, topology).map_err(rdmabench::Error::Usage)?;
+            write(out, &format!("{}\n", k8s::fleet::role_line(&role)))
+        }
+        K8sCommand::RenderAll { dir } => {
+            for (path, request) in k8s::committed() {
+                let (params, _) = k8s::plan(&request)?;
+                let target = dir.join(&path);
+                std::fs::create_dir_all(target.parent().expect("a file in a folder"))
+                    .and_then(|_| std::fs::write(&target, k8s::manifest::render(&params)))
+                    .map_err(|e| rdmabench::Error::Environment(format!("cannot write {}: {e}", target.display())))?;
+                write(out, &format!("{}\n", target.display()))?;
+            }
+            Ok(())
+        }
+    }
+}
+
 fn run(cli: Cli) -> Result<()> {
     if let Some((operation, measure, args)) = cli.command.test() {
         return run_test(operation, measure, args);
@@ -52,6 +82,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Run(args) => run_workload(&args, out),
         Command::Compare(args) => regress::command::compare(&args, out),
         Command::Plot(args) => report::plot::command(&args),
+        Command::K8s { command } => k8s_command(command, out),
+        Command::Summarize(a) => k8s::summarize::command(&a.logs, a.pods.map(|n| (n, a.topology)), a.json, out),
         _ => unreachable!("every other command is a test"),
     }
 }

@@ -1,0 +1,337 @@
+//! The Service and Indexed Job of a pair (or fleet) test, built from k8s-openapi's typed
+//! structs and serialised to YAML: never string templates, so a field name or type cannot
+//! be wrong. Per platform and mode exactly what the documents require (`platform::MODES`).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::{
+    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyOnPodConditionsPattern,
+    PodFailurePolicyRule, SuccessPolicy, SuccessPolicyRule,
+};
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, Container, EmptyDirVolumeSource, EnvVar, HostPathVolumeSource, PodAffinity,
+    PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, ResourceRequirements, SecurityContext, Service,
+    ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+
+use super::fleet::Topology;
+use super::platform::{Mode, platform_name};
+
+/// Where the pods of a pair run relative to each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    SameNode,
+    CrossNode,
+    Anywhere,
+}
+
+/// Everything a rendering needs.
+#[derive(Debug, Clone)]
+pub struct JobParams {
+    pub mode: &'static Mode,
+    pub name: String,
+    pub namespace: String,
+    pub image: String,
+    pub workload: String,
+    pub nics: u32,
+    pub gpus: Option<u32>,
+    pub placement: Placement,
+    /// A fleet of pods instead of one pair.
+    pub fleet: Option<(u32, Topology)>,
+    pub deadline_s: i64,
+    pub port: u16,
+}
+
+pub const CONTAINER: &str = "rdmabench";
+/// Where the image keeps the workload files.
+pub const WORKLOADS_DIR: &str = "/usr/share/rdmabench/workloads";
+
+fn labels(p: &JobParams) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), "rdmabench".to_string()),
+        ("app.kubernetes.io/instance".to_string(), p.name.clone()),
+        ("rdmabench/platform".to_string(), platform_name(p.mode.platform).to_string()),
+        ("rdmabench/mode".to_string(), p.mode.name.to_string()),
+    ])
+}
+
+/// Pods of a Job carry this label; the Service and the affinity rules select on it.
+fn pod_selector(p: &JobParams) -> BTreeMap<String, String> {
+    BTreeMap::from([("batch.kubernetes.io/job-name".to_string(), p.name.clone())])
+}
+
+/// The headless Service that gives pod `i` the name `<job>-<i>.<service>`.
+pub fn service(p: &JobParams) -> Service {
+    Service {
+        metadata: ObjectMeta {
+            name: Some(p.name.clone()),
+            namespace: Some(p.namespace.clone()),
+            labels: Some(labels(p)),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            // The client must resolve the server before the server is Ready.
+            publish_not_ready_addresses: Some(true),
+            selector: Some(pod_selector(p)),
+            ports: Some(vec![ServicePort {
+                name: Some("control".into()),
+                port: p.port.into(),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() }
+}
+
+/// The pod's script: validate, then serve and/or measure; the client's run document as
+/// one `RDMABENCH_RESULT {...}` log line, a summary as the termination message, and the
+/// exit code of the step that failed.
+const SCRIPT: &str = r#"set -u
+summary() { echo "$1" > /dev/termination-log; echo "$1"; }
+i=${JOB_COMPLETION_INDEX}
+rdmabench validate --profile "$RDMABENCH_PROFILE" $RDMABENCH_VALIDATE_ARGS
+rc=$?
+if [ $rc -ne 0 ]; then summary "pod $i on $(hostname): validate --profile $RDMABENCH_PROFILE failed (exit $rc)"; exit $rc; fi
+set -- $(rdmabench k8s role --index "$i" $RDMABENCH_ROLE_ARGS)
+serve=$1; peer=$2
+if [ "$serve" = yes ]; then
+  if [ "$peer" = - ]; then
+    rdmabench run --serve -p "$RDMABENCH_PORT" --connect-timeout 900; rc=$?
+    summary "pod $i served the workload (exit $rc)"; exit $rc
+  fi
+  rdmabench run --serve -p "$RDMABENCH_PORT" --connect-timeout 900 > /tmp/serve.log 2>&1 &
+  server=$!
+fi
+rdmabench run "$RDMABENCH_WORKLOADS/$RDMABENCH_WORKLOAD.toml" --peer "$RDMABENCH_JOB-$peer.$RDMABENCH_SERVICE" \
+  -p "$RDMABENCH_PORT" --connect-timeout 900 --json /tmp/run.json
+rc=$?
+run=null; [ -s /tmp/run.json ] && run=$(tr -d '\n' < /tmp/run.json)
+echo "RDMABENCH_RESULT {\"pod\":$i,\"peer\":$peer,\"node\":\"$(hostname)\",\"exit\":$rc,\"run\":$run}"
+if [ "$serve" = yes ]; then wait $server || { [ $rc -eq 0 ] && rc=4; }; cat /tmp/serve.log; fi
+verdict=PASS; [ $rc -ne 0 ] && verdict=FAIL
+summary "pod $i -> pod $peer: workload $RDMABENCH_WORKLOAD $verdict (exit $rc)"
+exit $rc
+"#;
+
+fn container(p: &JobParams) -> Container {
+    let m = p.mode;
+    let quantity = if m.quantity_is_nics { p.nics } else { 1 };
+    let mut resources = BTreeMap::from([(m.resource.to_string(), Quantity(quantity.to_string()))]);
+    if let Some(g) = p.gpus {
+        resources.insert("nvidia.com/gpu".into(), Quantity(g.to_string()));
+    }
+    let mut caps = vec!["IPC_LOCK".to_string()];
+    if m.sys_resource {
+        caps.push("SYS_RESOURCE".into());
+    }
+    let mut validate_args = format!("--expect-nics {}", p.nics);
+    if let Some(g) = p.gpus {
+        validate_args.push_str(&format!(" --expect-gpus {g}"));
+    }
+    let (pods, topology) = p.fleet.unwrap_or((2, Topology::Pairs));
+    let topology = match topology {
+        Topology::Ring => "ring",
+        Topology::Pairs => "pairs",
+    };
+    let mut mounts = vec![VolumeMount { name: "dshm".into(), mount_path: "/dev/shm".into(), ..Default::default() }];
+    if m.topology_hostpath {
+        mounts.push(VolumeMount {
+            name: "nvidia-topologyd".into(),
+            mount_path: crate::validate::sysfs::TOPOLOGY_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+    Container {
+        name: CONTAINER.into(),
+        image: Some(p.image.clone()),
+        command: Some(vec!["/bin/sh".into(), "-c".into(), SCRIPT.into()]),
+        env: Some(vec![
+            env("RDMABENCH_JOB", &p.name),
+            env("RDMABENCH_SERVICE", &p.name),
+            env("RDMABENCH_PROFILE", m.profile),
+            env("RDMABENCH_VALIDATE_ARGS", validate_args),
+            env("RDMABENCH_ROLE_ARGS", format!("--pods {pods} --topology {topology}")),
+            env("RDMABENCH_WORKLOAD", &p.workload),
+            env("RDMABENCH_WORKLOADS", WORKLOADS_DIR),
+            env("RDMABENCH_PORT", p.port.to_string()),
+        ]),
+        resources: Some(ResourceRequirements {
+            requests: Some(resources.clone()),
+            limits: Some(resources),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            capabilities: Some(Capabilities { add: Some(caps), ..Default::default() }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(mounts),
+        termination_message_path: Some("/dev/termination-log".into()),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    }
+}
+
+fn volumes(m: &Mode) -> Vec<Volume> {
+    let mut v = vec![Volume {
+        name: "dshm".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: Some("Memory".into()),
+            size_limit: m.shm_size_limit.map(|s| Quantity(s.into())),
+        }),
+        ..Default::default()
+    }];
+    if m.topology_hostpath {
+        v.push(Volume {
+            name: "nvidia-topologyd".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: crate::validate::sysfs::TOPOLOGY_DIR.into(),
+                type_: Some("DirectoryOrCreate".into()),
+            }),
+            ..Default::default()
+        });
+    }
+    v
+}
+
+fn affinity(p: &JobParams) -> Option<Affinity> {
+    let term = PodAffinityTerm {
+        label_selector: Some(LabelSelector { match_labels: Some(pod_selector(p)), ..Default::default() }),
+        topology_key: "kubernetes.io/hostname".into(),
+        ..Default::default()
+    };
+    match p.placement {
+        Placement::Anywhere => None,
+        Placement::CrossNode => Some(Affinity {
+            pod_anti_affinity: Some(PodAntiAffinity {
+                required_during_scheduling_ignored_during_execution: Some(vec![term]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        // Required: the scheduler lets the first pod through (it matches its own term).
+        Placement::SameNode => Some(Affinity {
+            pod_affinity: Some(PodAffinity {
+                required_during_scheduling_ignored_during_execution: Some(vec![term]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The Indexed Job: index 0 serves, index 1 measures (or the fleet's roles).
+pub fn job(p: &JobParams) -> Job {
+    let m = p.mode;
+    let pods = p.fleet.map_or(2, |f| f.0) as i32;
+    let mut annotations = BTreeMap::new();
+    if m.pod_networks {
+        let blocks = if m.quantity_is_nics { p.nics } else { 1 };
+        let list: Vec<serde_json::Value> =
+            (0..blocks).map(|_| serde_json::json!({"cniConf": {"name": "rdma"}})).collect();
+        annotations.insert("k8s.volcengine.com/pod-networks".to_string(), serde_json::to_string(&list).expect("json"));
+    }
+    let mut pod_labels = labels(p);
+    pod_labels.extend(pod_selector(p));
+    let template = PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(pod_labels),
+            annotations: (!annotations.is_empty()).then_some(annotations),
+            ..Default::default()
+        }),
+        spec: Some(PodSpec {
+            subdomain: Some(p.name.clone()),
+            restart_policy: Some("Never".into()),
+            host_network: m.host_network.then_some(true),
+            dns_policy: m.host_network.then(|| "ClusterFirstWithHostNet".into()),
+            tolerations: m
+                .tolerate_all
+                .then(|| vec![Toleration { operator: Some("Exists".into()), ..Default::default() }]),
+            affinity: affinity(p),
+            containers: vec![container(p)],
+            volumes: Some(volumes(m)),
+            ..Default::default()
+        }),
+    };
+    let exit_codes = |action: &str, codes: Vec<i32>| PodFailurePolicyRule {
+        action: action.into(),
+        on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+            container_name: Some(CONTAINER.into()),
+            operator: "In".into(),
+            values: codes,
+        }),
+        ..Default::default()
+    };
+    Job {
+        metadata: ObjectMeta {
+            name: Some(p.name.clone()),
+            namespace: Some(p.namespace.clone()),
+            labels: Some(labels(p)),
+            ..Default::default()
+        },
+        spec: Some(JobSpec {
+            completion_mode: Some("Indexed".into()),
+            completions: Some(pods),
+            parallelism: Some(pods),
+            backoff_limit: Some(0),
+            active_deadline_seconds: Some(p.deadline_s),
+            // A pair's outcome is the client's (index 1); a fleet needs every pod.
+            success_policy: p.fleet.is_none().then(|| SuccessPolicy {
+                rules: vec![SuccessPolicyRule { succeeded_indexes: Some("1".into()), ..Default::default() }],
+            }),
+            pod_failure_policy: Some(PodFailurePolicy {
+                rules: vec![
+                    // rdmabench's exit codes: 1 check or threshold failed, 2 usage, 3 no usable
+                    // RDMA / environment, 4 peer lost: none is cured by a retry.
+                    exit_codes("FailJob", vec![1, 2, 3, 4]),
+                    // An evicted or preempted pod is not the fabric's fault.
+                    PodFailurePolicyRule {
+                        action: "Ignore".into(),
+                        on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
+                            type_: "DisruptionTarget".into(),
+                            status: Some("True".into()),
+                        }]),
+                        ..Default::default()
+                    },
+                ],
+            }),
+            template,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The multi-document YAML: the Service, then the Job.
+pub fn render(p: &JobParams) -> String {
+    let svc = serde_norway::to_string(&service(p)).expect("a Service serialises");
+    let job = serde_norway::to_string(&job(p)).expect("a Job serialises");
+    let what = match p.fleet {
+        None => "pair test".to_string(),
+        Some((n, Topology::Ring)) => format!("fleet of {n} pods in a ring"),
+        Some((n, Topology::Pairs)) => format!("fleet of {n} pods in pairs"),
+    };
+    let header = format!(
+        "# rdmabench {} {what}: {} {} ({}), {} NIC(s){}, workload {}.\n# Generated by `rdmabench k8s \
+         render`; apply with kubectl apply -f, read the results with\n# kubectl logs -l \
+         batch.kubernetes.io/job-name={} | rdmabench summarize -\n",
+        env!("CARGO_PKG_VERSION"),
+        platform_name(p.mode.platform),
+        p.mode.name,
+        p.mode.summary,
+        p.nics,
+        p.gpus.map_or(String::new(), |g| format!(", {g} GPU(s)")),
+        p.workload,
+        p.name
+    );
+    format!("{header}{svc}---\n{job}")
+}

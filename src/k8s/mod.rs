@@ -1,0 +1,244 @@
+//! Kubernetes acceptance Jobs: the platform modes' requirements (`platform`), the typed
+//! Service + Indexed Job (`manifest`), who measures whom in a fleet (`fleet`), and the
+//! summary of a fleet's results (`summarize`).
+
+pub mod fleet;
+pub mod manifest;
+pub mod platform;
+pub mod summarize;
+
+use crate::error::{Error, Result};
+use fleet::Topology;
+use manifest::{JobParams, Placement};
+use platform::Platform;
+
+/// The workloads the image ships (in `manifest::WORKLOADS_DIR`).
+pub const SHIPPED_WORKLOADS: &[&str] = &["smoke", "acceptance", "sweep", "regression"];
+
+/// The image `render` uses unless told otherwise; build it from the Dockerfile.
+pub const DEFAULT_IMAGE: &str = concat!("rdmabench:", env!("CARGO_PKG_VERSION"));
+
+/// What `rdmabench k8s render` was asked, before checking.
+#[derive(Debug, Clone)]
+pub struct RenderRequest {
+    pub platform: Platform,
+    pub mode: String,
+    pub nics: u32,
+    pub gpus: Option<u32>,
+    pub machine_nics: Option<u32>,
+    pub image: String,
+    pub workload: String,
+    pub namespace: String,
+    pub name: Option<String>,
+    pub placement: Placement,
+    pub fleet: Option<(u32, Topology)>,
+    pub deadline_s: i64,
+    pub port: u16,
+}
+
+/// Checks a request against the documents' rules; returns the parameters and warnings.
+pub fn plan(r: &RenderRequest) -> Result<(JobParams, Vec<String>)> {
+    let mode = platform::find(r.platform, &r.mode).map_err(Error::Usage)?;
+    let mut warnings = Vec::new();
+    if let Some(w) = platform::check_nics(mode, r.nics, r.machine_nics).map_err(Error::Usage)? {
+        warnings.push(w);
+    }
+    if !SHIPPED_WORKLOADS.contains(&r.workload.as_str()) {
+        return Err(Error::Usage(format!(
+            "--workload {:?}: the image ships {}; a workload of your own needs an image that contains it",
+            r.workload,
+            SHIPPED_WORKLOADS.join(", ")
+        )));
+    }
+    if let Some((pods, topology)) = r.fleet {
+        fleet::check(pods, topology).map_err(Error::Usage)?;
+    }
+    let name =
+        r.name.clone().unwrap_or_else(|| format!("rdmabench-{}-{}", platform::platform_name(r.platform), r.mode));
+    // Pod hostnames are `<name>-<index>`: a DNS label of at most 63 characters.
+    let ok = !name.is_empty()
+        && name.len() <= 52
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if !ok {
+        return Err(Error::Usage(format!(
+            "--name {name:?}: use lowercase letters, digits and '-', at most 52 characters (pod hostnames add \
+             -INDEX and must stay a 63-character DNS label)"
+        )));
+    }
+    if r.deadline_s <= 0 {
+        return Err(Error::Usage("--deadline must be at least 1 second".into()));
+    }
+    if r.placement == Placement::SameNode && r.fleet.is_some() {
+        return Err(Error::Usage("--same-node applies to a pair; a fleet spreads its pods over nodes".into()));
+    }
+    Ok((
+        JobParams {
+            mode,
+            name,
+            namespace: r.namespace.clone(),
+            image: r.image.clone(),
+            workload: r.workload.clone(),
+            nics: r.nics,
+            gpus: r.gpus,
+            placement: r.placement,
+            fleet: r.fleet,
+            deadline_s: r.deadline_s,
+            port: r.port,
+        },
+        warnings,
+    ))
+}
+
+/// The request behind each committed manifest under `k8s-jobs/`: every platform mode as
+/// a pair with the defaults, and one ring fleet.
+pub fn committed() -> Vec<(String, RenderRequest)> {
+    let base = |platform, mode: &str, nics| RenderRequest {
+        platform,
+        mode: mode.into(),
+        nics,
+        gpus: None,
+        machine_nics: None,
+        image: DEFAULT_IMAGE.into(),
+        workload: "acceptance".into(),
+        namespace: "default".into(),
+        name: None,
+        placement: Placement::CrossNode,
+        fleet: None,
+        deadline_s: 1800,
+        port: 18515,
+    };
+    let mut v: Vec<(String, RenderRequest)> = platform::MODES
+        .iter()
+        .map(|m| {
+            let nics = if m.platform == Platform::Vke && m.quantity_is_nics { 2 } else { 1 };
+            let dir = platform::platform_name(m.platform);
+            (format!("{dir}/{}.yaml", m.name), base(m.platform, m.name, nics))
+        })
+        .collect();
+    let mut ring = base(Platform::Vke, "shared", 1);
+    ring.fleet = Some((4, Topology::Ring));
+    ring.name = Some("rdmabench-vke-fleet".into());
+    v.push(("vke/fleet-ring-4.yaml".into(), ring));
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn yaml_docs(text: &str) -> Vec<Value> {
+        text.split("\n---\n").map(|d| serde_norway::from_str::<Value>(d).unwrap()).collect()
+    }
+
+    fn request(platform: Platform, mode: &str, nics: u32) -> RenderRequest {
+        let mut r = committed().into_iter().next().unwrap().1;
+        r.platform = platform;
+        r.mode = mode.into();
+        r.nics = nics;
+        r
+    }
+
+    fn rendered(r: &RenderRequest) -> (Value, Value) {
+        let (p, _) = plan(r).unwrap();
+        let docs = yaml_docs(&manifest::render(&p));
+        assert_eq!(docs.len(), 2);
+        (docs[0].clone(), docs[1].clone())
+    }
+
+    #[test]
+    fn committed_manifests_are_what_render_produces() {
+        let root = env!("CARGO_MANIFEST_DIR");
+        for (path, req) in committed() {
+            let (p, _) = plan(&req).unwrap();
+            let file = format!("{root}/k8s-jobs/{path}");
+            let committed = std::fs::read_to_string(&file).unwrap_or_default();
+            assert!(
+                committed == manifest::render(&p),
+                "{file} differs from `rdmabench k8s render`: regenerate with `rdmabench k8s render-all k8s-jobs`"
+            );
+        }
+    }
+
+    #[test]
+    fn a_pair_job_is_indexed_with_the_clients_verdict() {
+        let (svc, job) = rendered(&request(Platform::Vke, "shared-multi", 4));
+        assert_eq!(svc["spec"]["clusterIP"], "None");
+        assert_eq!(svc["spec"]["publishNotReadyAddresses"], true);
+        let spec = &job["spec"];
+        assert_eq!(spec["completionMode"], "Indexed");
+        assert_eq!((spec["completions"].as_i64(), spec["parallelism"].as_i64()), (Some(2), Some(2)));
+        assert_eq!(spec["backoffLimit"], 0);
+        assert_eq!(spec["successPolicy"]["rules"][0]["succeededIndexes"], "1");
+        assert_eq!(spec["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"], serde_json::json!([1, 2, 3, 4]));
+        let pod = &spec["template"]["spec"];
+        assert_eq!(pod["subdomain"], job["metadata"]["name"]);
+        assert_eq!(pod["restartPolicy"], "Never");
+        let c = &pod["containers"][0];
+        assert_eq!(c["resources"]["limits"]["vke.volcengine.com/rdma"], "4");
+        assert_eq!(c["resources"]["requests"], c["resources"]["limits"]);
+        assert_eq!(c["securityContext"]["capabilities"]["add"], serde_json::json!(["IPC_LOCK"]));
+        let blocks: Value = serde_json::from_str(
+            spec["template"]["metadata"]["annotations"]["k8s.volcengine.com/pod-networks"].as_str().unwrap(),
+        )
+        .unwrap();
+        assert_eq!(blocks.as_array().unwrap().len(), 4);
+        assert_eq!(pod["volumes"][1]["hostPath"]["type"], "DirectoryOrCreate");
+        assert_eq!(c["volumeMounts"][1]["readOnly"], true);
+        assert!(pod["affinity"]["podAntiAffinity"].is_object(), "cross-node by default");
+    }
+
+    #[test]
+    fn ack_and_shared_host_follow_their_documents() {
+        let (_, job) = rendered(&request(Platform::Ack, "shared-hostnet", 1));
+        let pod = &job["spec"]["template"]["spec"];
+        assert_eq!(pod["hostNetwork"], true);
+        assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
+        assert_eq!(pod["tolerations"][0]["operator"], "Exists");
+        let c = &pod["containers"][0];
+        assert_eq!(c["resources"]["limits"]["rdma/hca"], "1");
+        assert_eq!(c["securityContext"]["capabilities"]["add"], serde_json::json!(["IPC_LOCK", "SYS_RESOURCE"]));
+        assert_eq!(pod["volumes"][0]["emptyDir"]["sizeLimit"], "8Gi");
+        assert!(job["spec"]["template"]["metadata"]["annotations"].is_null());
+        let (_, job) = rendered(&request(Platform::Ack, "shared-podnet", 1));
+        assert!(job["spec"]["template"]["spec"]["hostNetwork"].is_null());
+
+        let (_, job) = rendered(&request(Platform::Vke, "shared-host", 1));
+        let c = &job["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(c["resources"]["limits"]["vke.volcengine.com/rdma-host"], "1");
+        let e = plan(&request(Platform::Vke, "shared-host", 2)).unwrap_err().message();
+        assert!(e.contains("exactly one"), "{e}");
+    }
+
+    #[test]
+    fn bad_requests_are_refused_and_rules_warned() {
+        let mut r = request(Platform::Vke, "exclusive", 3);
+        r.machine_nics = Some(8);
+        let (_, w) = plan(&r).unwrap();
+        assert!(w[0].contains("whole machine or half"), "{w:?}");
+        r.workload = "mine".into();
+        assert!(plan(&r).unwrap_err().message().contains("acceptance"));
+        let mut r = request(Platform::Ack, "nope", 1);
+        assert!(plan(&r).unwrap_err().message().contains("shared-hostnet"));
+        r.mode = "exclusive".into();
+        r.name = Some("Has_Caps".into());
+        assert!(plan(&r).unwrap_err().message().contains("lowercase"));
+        r.name = None;
+        r.fleet = Some((3, Topology::Pairs));
+        assert!(plan(&r).unwrap_err().message().contains("even"));
+    }
+
+    #[test]
+    fn a_fleet_needs_every_pod() {
+        let mut r = request(Platform::Vke, "shared", 1);
+        r.fleet = Some((6, Topology::Ring));
+        let (_, job) = rendered(&r);
+        assert_eq!(job["spec"]["completions"], 6);
+        assert!(job["spec"]["successPolicy"].is_null());
+        let env = job["spec"]["template"]["spec"]["containers"][0]["env"].as_array().unwrap();
+        let role = env.iter().find(|e| e["name"] == "RDMABENCH_ROLE_ARGS").unwrap();
+        assert_eq!(role["value"], "--pods 6 --topology ring");
+    }
+}

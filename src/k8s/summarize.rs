@@ -1,0 +1,223 @@
+//! `rdmabench summarize`: the `RDMABENCH_RESULT {...}` lines a fleet's pods print (as
+//! collected by `kubectl logs`), one row per measured link: failing and missing pairs
+//! first, then the slowest links first (lowest bandwidth, then highest latency).
+
+use std::io::{BufRead, Write};
+
+use serde::{Deserialize, Serialize};
+
+use super::fleet::{self, Topology};
+use crate::error::{Error, Result};
+use crate::workload::doc::RunDocument;
+
+/// One pod's line.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PodResult {
+    pub pod: u32,
+    pub peer: u32,
+    #[serde(default)]
+    pub node: String,
+    pub exit: i32,
+    pub run: Option<RunDocument>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Link {
+    pub pod: u32,
+    pub peer: u32,
+    pub node: String,
+    pub peer_node: String,
+    /// The first bandwidth figure of the run (median, Gb/s).
+    pub gbps: Option<f64>,
+    /// The first latency figure (p50 median, us).
+    pub p50_us: Option<f64>,
+    pub ok: bool,
+    /// Why a link failed: its exit code and failed steps, or "no result".
+    pub problem: Option<String>,
+}
+
+const MARK: &str = "RDMABENCH_RESULT ";
+
+/// Every result line in `text` (anywhere in a line: log prefixes are fine).
+pub fn parse(reader: impl BufRead) -> Result<Vec<PodResult>> {
+    let mut out = Vec::new();
+    for (n, line) in reader.lines().enumerate() {
+        let line = line.map_err(|e| Error::Usage(format!("cannot read the logs: {e}")))?;
+        let Some(at) = line.find(MARK) else { continue };
+        let r: PodResult = serde_json::from_str(&line[at + MARK.len()..])
+            .map_err(|e| Error::Usage(format!("line {}: a malformed {MARK}line: {e}", n + 1)))?;
+        out.push(r);
+    }
+    Ok(out)
+}
+
+fn first_metric(run: &RunDocument, metric: &str) -> Option<f64> {
+    run.steps.iter().flat_map(|s| s.stats.iter()).find_map(|s| s.metrics.get(metric).map(|m| m.median))
+}
+
+/// The links, failing first, then slowest first. With `expected` pairs, missing ones
+/// are failing rows too.
+pub fn links(results: &[PodResult], expected: Option<&[(u32, u32)]>) -> Vec<Link> {
+    let mut rows: Vec<Link> = results
+        .iter()
+        .map(|r| {
+            let failed_steps: Vec<&str> =
+                r.run.iter().flat_map(|d| d.steps.iter().filter(|s| !s.passed()).map(|s| s.name.as_str())).collect();
+            let ok = r.exit == 0 && r.run.is_some();
+            let problem = (!ok).then(|| {
+                let steps = if failed_steps.is_empty() {
+                    String::new()
+                } else {
+                    format!(", failed: {}", failed_steps.join(", "))
+                };
+                format!("exit {}{steps}", r.exit)
+            });
+            Link {
+                pod: r.pod,
+                peer: r.peer,
+                node: r.node.clone(),
+                peer_node: r
+                    .run
+                    .as_ref()
+                    .and_then(|d| d.environment.as_ref())
+                    .map_or(String::new(), |e| e.peer.host.clone()),
+                gbps: r.run.as_ref().and_then(|d| first_metric(d, "gbps")),
+                p50_us: r.run.as_ref().and_then(|d| first_metric(d, "p50_us")),
+                ok,
+                problem,
+            }
+        })
+        .collect();
+    for &(pod, peer) in expected.unwrap_or(&[]) {
+        if !rows.iter().any(|l| l.pod == pod && l.peer == peer) {
+            rows.push(Link {
+                pod,
+                peer,
+                node: String::new(),
+                peer_node: String::new(),
+                gbps: None,
+                p50_us: None,
+                ok: false,
+                problem: Some("no result: the pod never printed one (not scheduled, killed, or logs lost)".into()),
+            });
+        }
+    }
+    rows.sort_by(|a, b| {
+        a.ok.cmp(&b.ok)
+            .then(a.gbps.unwrap_or(f64::MAX).total_cmp(&b.gbps.unwrap_or(f64::MAX)))
+            .then(b.p50_us.unwrap_or(0.0).total_cmp(&a.p50_us.unwrap_or(0.0)))
+            .then(a.pod.cmp(&b.pod))
+    });
+    rows
+}
+
+pub fn print(rows: &[Link], out: &mut dyn Write) -> Result<()> {
+    let io = |e: std::io::Error| Error::Environment(format!("cannot write: {e}"));
+    writeln!(out, "{:<14} {:<24} {:<24} {:>10} {:>10}  result", "link", "node", "peer node", "Gb/s", "p50 us")
+        .map_err(io)?;
+    for l in rows {
+        let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+        writeln!(
+            out,
+            "{:<14} {:<24} {:<24} {:>10} {:>10}  {}",
+            format!("{} -> {}", l.pod, l.peer),
+            l.node,
+            l.peer_node,
+            f(l.gbps),
+            f(l.p50_us),
+            l.problem.as_deref().map_or("ok".to_string(), |p| format!("FAILED: {p}"))
+        )
+        .map_err(io)?;
+    }
+    let failed = rows.iter().filter(|l| !l.ok).count();
+    writeln!(out, "{} link(s), {failed} failed", rows.len()).map_err(io)
+}
+
+/// The command: reads `paths` (`-` for stdin), prints the table (or JSON), Err when a
+/// link failed or is missing.
+pub fn command(paths: &[String], expect: Option<(u32, Topology)>, json: bool, out: &mut dyn Write) -> Result<()> {
+    let mut results = Vec::new();
+    for p in paths {
+        if p == "-" {
+            results.extend(parse(std::io::stdin().lock())?);
+        } else {
+            let f = std::fs::File::open(p).map_err(|e| Error::Usage(format!("cannot read {p}: {e}")))?;
+            results.extend(parse(std::io::BufReader::new(f))?);
+        }
+    }
+    let expected = match expect {
+        Some((pods, topology)) => Some(fleet::links(pods, topology).map_err(Error::Usage)?),
+        None => None,
+    };
+    if results.is_empty() && expected.is_none() {
+        return Err(Error::Usage(format!(
+            "no {MARK}lines in {}; pass the pods' logs (kubectl logs -l batch.kubernetes.io/job-name=JOB)",
+            paths.join(", ")
+        )));
+    }
+    let rows = links(&results, expected.as_deref());
+    if json {
+        let text = serde_json::to_string_pretty(&rows).expect("serialisable") + "\n";
+        out.write_all(text.as_bytes()).map_err(|e| Error::Environment(format!("cannot write: {e}")))?;
+    } else {
+        print(&rows, out)?;
+    }
+    let failed: Vec<String> = rows.iter().filter(|l| !l.ok).map(|l| format!("{} -> {}", l.pod, l.peer)).collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Check(format!("{} link(s) failed: {}", failed.len(), failed.join(", "))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(pod: u32, peer: u32, exit: i32, gbps: Option<f64>) -> String {
+        let run = match gbps {
+            None => "null".to_string(),
+            Some(g) => serde_json::json!({
+                "schema": "rdmabench/run", "schema_version": 1, "tool_version": "0.1.0", "workload": "w",
+                "workload_file": "w.toml", "finished_unix_s": 0.0, "environment": null, "verdict": "pass",
+                "steps": [{"name": "bw", "kind": "measure", "repeat": 1, "verdict": if exit == 0 { "pass" } else { "fail" },
+                           "duration_s": 1.0, "stats": [{"size": 65536, "metrics": {"gbps":
+                               {"median": g, "min": g, "max": g, "values": [g]}}}]}]
+            })
+            .to_string(),
+        };
+        format!(
+            "2026-12-02T10:00:00Z pod/x RDMABENCH_RESULT {{\"pod\":{pod},\"peer\":{peer},\"node\":\"n{pod}\",\"exit\":{exit},\"run\":{run}}}"
+        )
+    }
+
+    #[test]
+    fn slowest_first_failures_and_missing_on_top() {
+        let logs = [
+            "some other log line".to_string(),
+            line(0, 1, 0, Some(180.0)),
+            line(1, 2, 0, Some(95.5)),
+            line(2, 3, 1, Some(40.0)),
+            line(4, 0, 0, Some(190.0)),
+        ]
+        .join("\n");
+        let results = parse(logs.as_bytes()).unwrap();
+        assert_eq!(results.len(), 4);
+        let expected = fleet::links(5, Topology::Ring).unwrap();
+        let rows = links(&results, Some(&expected));
+        let order: Vec<(u32, u32)> = rows.iter().map(|l| (l.pod, l.peer)).collect();
+        assert_eq!(order, [(2, 3), (3, 4), (1, 2), (0, 1), (4, 0)], "failed (slow first), missing, then slowest");
+        assert!(rows[0].problem.as_deref().unwrap().contains("exit 1, failed: bw"));
+        assert!(rows[1].problem.as_deref().unwrap().contains("no result"));
+        let mut out = Vec::new();
+        print(&rows, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("2 -> 3") && text.contains("5 link(s), 2 failed"), "{text}");
+    }
+
+    #[test]
+    fn malformed_lines_are_errors_with_the_line_number() {
+        let e = parse("ok\nRDMABENCH_RESULT {\"pod\":1".as_bytes()).unwrap_err();
+        assert!(e.message().contains("line 2"), "{}", e.message());
+    }
+}
