@@ -39,7 +39,7 @@ pub fn role(index: u32, pods: u32, topology: Topology) -> Result<Role, String> {
     }
     Ok(match topology {
         Topology::Ring => Role { serve: true, client_of: Some((index + 1) % pods) },
-        Topology::Pairs if index % 2 == 0 => Role { serve: true, client_of: None },
+        Topology::Pairs if index.is_multiple_of(2) => Role { serve: true, client_of: None },
         Topology::Pairs => Role { serve: false, client_of: Some(index - 1) },
     })
 }
