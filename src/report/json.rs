@@ -31,9 +31,9 @@ impl Document {
     }
 }
 
-/// Writes the document to `target`: a path, or `-` for stdout. A file is written to a
+/// Writes a document (this one, or a workload run's) to `target`: a path, or `-` for stdout. A file is written to a
 /// temporary name and renamed, so a reader never sees half a document.
-pub fn write(doc: &Document, target: &str) -> Result<()> {
+pub fn write<T: Serialize>(doc: &T, target: &str) -> Result<()> {
     let text = serde_json::to_string_pretty(doc).map_err(|e| Error::Check(format!("cannot encode JSON: {e}")))?;
     if target == "-" {
         let mut out = std::io::stdout().lock();

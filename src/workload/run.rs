@@ -128,7 +128,7 @@ pub fn client(plan: &Plan, out: &mut dyn Write) -> Result<RunDocument> {
         None => None,
     };
     if let Some(target) = &plan.json {
-        write_json(&doc, target)?;
+        crate::report::json::write(&doc, target)?;
     }
     if let Some(path) = &plan.junit {
         let mut cases = junit_cases(&doc);
@@ -237,17 +237,6 @@ fn summary(doc: &RunDocument, out: &mut dyn Write) -> Result<()> {
         writeln!(out, "{:<5} {:<40} {detail} ({:.1} s)", s.verdict.to_uppercase(), s.name, s.duration_s).map_err(io)?;
     }
     Ok(())
-}
-
-fn write_json(doc: &RunDocument, target: &str) -> Result<()> {
-    let text = serde_json::to_string_pretty(doc).expect("serialisable") + "\n";
-    if target == "-" {
-        return std::io::stdout().write_all(text.as_bytes()).map_err(io);
-    }
-    let tmp = format!("{target}.tmp{}", std::process::id());
-    std::fs::write(&tmp, text)
-        .and_then(|_| std::fs::rename(&tmp, target))
-        .map_err(|e| Error::Environment(format!("cannot write {target}: {e}")))
 }
 
 /// One test case per step and one per threshold.
