@@ -796,3 +796,88 @@ fn lab_run_regression_against_the_committed_baseline() {
     assert_eq!(c.code, 1, "{}\n{}", c.stdout, c.stderr);
     assert!(c.stdout.contains("REGRESSED") && c.stderr.contains("regression(s) against the baseline"), "{}", c.stderr);
 }
+
+/// The fleet Job's own pod script, run as three "pods" on the lab host: each validates,
+/// serves its ring predecessor and measures its successor (`k8s role`), prints its
+/// RDMABENCH_RESULT line; `summarize` over the three logs accepts the ring, and names the
+/// missing link when a pod's log is lost.
+#[test]
+fn lab_fleet_ring_of_three_pods_summarized() {
+    let render = run(&[
+        "k8s",
+        "render",
+        "--platform",
+        "vke",
+        "--mode",
+        "exclusive",
+        "--nics",
+        "1",
+        "--pods",
+        "3",
+        "--topology",
+        "ring",
+        "--workload",
+        "smoke",
+    ]);
+    assert_eq!(render.code, 0, "{}", render.stderr);
+    let job: Value =
+        render.stdout.split("\n---\n").map(|d| serde_norway::from_str::<Value>(d).unwrap()).nth(1).unwrap();
+    assert_eq!(job["spec"]["completions"], 3);
+    let container = &job["spec"]["template"]["spec"]["containers"][0];
+    let script = container["command"][2].as_str().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    // Three consecutive ports: pod i listens on RDMABENCH_PORT + i.
+    let base = next_port();
+    next_port();
+    next_port();
+    let bin_dir = std::path::Path::new(BIN).parent().unwrap().display().to_string();
+    let pods: Vec<Child> = (0..3)
+        .map(|i| {
+            let mut cmd = Command::new("/bin/sh");
+            cmd.args(["-c", &script]);
+            for e in container["env"].as_array().unwrap() {
+                cmd.env(e["name"].as_str().unwrap(), e["value"].as_str().unwrap());
+            }
+            // What differs from a cluster: the lab's device is rxe (the generic profile),
+            // the workloads are the repository's, and every peer is this host.
+            cmd.env("JOB_COMPLETION_INDEX", i.to_string())
+                .env("RDMABENCH_PROFILE", "generic")
+                .env("RDMABENCH_WORKLOADS", format!("{}/workloads", env!("CARGO_MANIFEST_DIR")))
+                .env("RDMABENCH_PEER_ADDR", server_addr())
+                .env("RDMABENCH_PORT", &base)
+                .env("RDMABENCH_TERMINATION_LOG", dir.path().join(format!("term-{i}")))
+                .env("PATH", format!("{bin_dir}:{}", std::env::var("PATH").unwrap_or_default()))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            cmd.spawn().expect("start a pod script")
+        })
+        .collect();
+    let outs: Vec<Out> = pods.into_iter().map(|p| finish(p, Duration::from_secs(300))).collect();
+    let mut logs = Vec::new();
+    for (i, o) in outs.iter().enumerate() {
+        assert_eq!(o.code, 0, "pod {i}:\n{}\n{}", o.stdout, o.stderr);
+        let term = std::fs::read_to_string(dir.path().join(format!("term-{i}"))).unwrap();
+        assert_eq!(term.trim(), format!("pod {i} -> pod {}: workload smoke PASS (exit 0)", (i + 1) % 3));
+        assert!(o.stdout.contains("=== workload smoke: PASS ==="), "pod {i} serves and measures: {}", o.stdout);
+        let log = dir.path().join(format!("pod-{i}.log"));
+        std::fs::write(&log, &o.stdout).unwrap();
+        logs.push(log.display().to_string());
+    }
+    let mut args = vec!["summarize", "--pods", "3", "--topology", "ring"];
+    args.extend(logs.iter().map(String::as_str));
+    let s = run(&args);
+    assert_eq!(s.code, 0, "{}\n{}", s.stdout, s.stderr);
+    for link in ["0 -> 1", "1 -> 2", "2 -> 0"] {
+        assert!(s.stdout.contains(link), "{link} in\n{}", s.stdout);
+    }
+    assert!(s.stdout.contains("3 link(s), 0 failed"), "{}", s.stdout);
+    let mut args = vec!["summarize", "--json", "--pods", "3", "--topology", "ring"];
+    args.extend(logs.iter().map(String::as_str));
+    let rows: Value = serde_json::from_str(&run(&args).stdout).unwrap();
+    assert!(rows.as_array().unwrap().iter().all(|r| r["ok"] == true && r["gbps"].as_f64().unwrap() > 0.0), "{rows}");
+
+    // Pod 2's log lost: its link is named as missing and the fleet fails.
+    let s = run(&["summarize", "--pods", "3", "--topology", "ring", &logs[0], &logs[1]]);
+    assert_eq!(s.code, 1, "{}", s.stdout);
+    assert!(s.stdout.contains("FAILED: no result") && s.stderr.contains("2 -> 0"), "{}\n{}", s.stdout, s.stderr);
+}

@@ -94,10 +94,15 @@ fn env(name: &str, value: impl Into<String>) -> EnvVar {
 
 /// The pod's script: validate, then serve and/or measure; the client's run document as
 /// one `RDMABENCH_RESULT {...}` log line, a summary as the termination message, and the
-/// exit code of the step that failed.
+/// exit code of the step that failed. Pod `i` listens on `RDMABENCH_PORT + i`, so pods of
+/// a hostNetwork fleet that share a node do not collide. Two knobs exist for running the
+/// script outside Kubernetes (the lab runs it as three processes on one host):
+/// `RDMABENCH_PEER_ADDR` (one address for every peer) and `RDMABENCH_TERMINATION_LOG`.
 const SCRIPT: &str = r#"set -u
-summary() { echo "$1" > /dev/termination-log; echo "$1"; }
+term=${RDMABENCH_TERMINATION_LOG:-/dev/termination-log}
+summary() { echo "$1" > "$term"; echo "$1"; }
 i=${JOB_COMPLETION_INDEX}
+tmp=$(mktemp -d)
 rdmabench validate --profile "$RDMABENCH_PROFILE" $RDMABENCH_VALIDATE_ARGS
 rc=$?
 if [ $rc -ne 0 ]; then summary "pod $i on $(hostname): validate --profile $RDMABENCH_PROFILE failed (exit $rc)"; exit $rc; fi
@@ -105,18 +110,19 @@ set -- $(rdmabench k8s role --index "$i" $RDMABENCH_ROLE_ARGS)
 serve=$1; peer=$2
 if [ "$serve" = yes ]; then
   if [ "$peer" = - ]; then
-    rdmabench run --serve -p "$RDMABENCH_PORT" --connect-timeout 900; rc=$?
+    rdmabench run --serve -p $((RDMABENCH_PORT + i)) --connect-timeout 900; rc=$?
     summary "pod $i served the workload (exit $rc)"; exit $rc
   fi
-  rdmabench run --serve -p "$RDMABENCH_PORT" --connect-timeout 900 > /tmp/serve.log 2>&1 &
+  rdmabench run --serve -p $((RDMABENCH_PORT + i)) --connect-timeout 900 > "$tmp/serve.log" 2>&1 &
   server=$!
 fi
-rdmabench run "$RDMABENCH_WORKLOADS/$RDMABENCH_WORKLOAD.toml" --peer "$RDMABENCH_JOB-$peer.$RDMABENCH_SERVICE" \
-  -p "$RDMABENCH_PORT" --connect-timeout 900 --json /tmp/run.json
+rdmabench run "$RDMABENCH_WORKLOADS/$RDMABENCH_WORKLOAD.toml" \
+  --peer "${RDMABENCH_PEER_ADDR:-$RDMABENCH_JOB-$peer.$RDMABENCH_SERVICE}" \
+  -p $((RDMABENCH_PORT + peer)) --connect-timeout 900 --json "$tmp/run.json"
 rc=$?
-run=null; [ -s /tmp/run.json ] && run=$(tr -d '\n' < /tmp/run.json)
+run=null; [ -s "$tmp/run.json" ] && run=$(tr -d '\n' < "$tmp/run.json")
 echo "RDMABENCH_RESULT {\"pod\":$i,\"peer\":$peer,\"node\":\"$(hostname)\",\"exit\":$rc,\"run\":$run}"
-if [ "$serve" = yes ]; then wait $server || { [ $rc -eq 0 ] && rc=4; }; cat /tmp/serve.log; fi
+if [ "$serve" = yes ]; then wait $server || { [ $rc -eq 0 ] && rc=4; }; cat "$tmp/serve.log"; fi
 verdict=PASS; [ $rc -ne 0 ] && verdict=FAIL
 summary "pod $i -> pod $peer: workload $RDMABENCH_WORKLOAD $verdict (exit $rc)"
 exit $rc

@@ -191,6 +191,25 @@ mod tests {
     }
 
     #[test]
+    fn the_pod_script_is_valid_posix_shell() {
+        let (_, job) = rendered(&request(Platform::Vke, "exclusive", 8));
+        let c = &job["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(c["command"][0], "/bin/sh");
+        let script = c["command"][2].as_str().unwrap();
+        // dash: the strictest /bin/sh a runtime image is likely to have.
+        let out = std::process::Command::new("dash").args(["-n", "-c", script]).output().expect("run dash");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let env: Vec<&str> = c["env"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+        for var in script
+            .split("$RDMABENCH_")
+            .skip(1)
+            .map(|v| v.split(|c: char| !c.is_ascii_uppercase() && c != '_').next().unwrap())
+        {
+            assert!(env.contains(&format!("RDMABENCH_{var}").as_str()), "the script reads RDMABENCH_{var}, not in env");
+        }
+    }
+
+    #[test]
     fn ack_and_shared_host_follow_their_documents() {
         let (_, job) = rendered(&request(Platform::Ack, "shared-hostnet", 1));
         let pod = &job["spec"]["template"]["spec"];
