@@ -452,7 +452,7 @@ pub struct RenderArgs {
     /// activeDeadlineSeconds of the Job.
     #[arg(long, default_value_t = 1800, value_name = "SECS")]
     pub deadline: i64,
-    /// TCP port of the control channel.
+    /// TCP port of the control channel: pod i listens on PORT + i.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     pub port: u16,
 }

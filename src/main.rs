@@ -64,6 +64,19 @@ fn k8s_command(command: K8sCommand, out: &mut dyn std::io::Write) -> Result<()> 
                     .map_err(|e| rdmabench::Error::Environment(format!("cannot write {}: {e}", target.display())))?;
                 write(out, &format!("{}\n", target.display()))?;
             }
+            let readme = dir.join("README.md");
+            let text = std::fs::read_to_string(&readme).unwrap_or_default();
+            let (begin, end) = ("<!-- modes:begin -->\n", "<!-- modes:end -->");
+            match (text.find(begin), text.find(end)) {
+                (Some(b), Some(e)) if b < e => {
+                    let text = format!("{}{}{}", &text[..b + begin.len()], k8s::readme_table(), &text[e..]);
+                    std::fs::write(&readme, text).map_err(|e| {
+                        rdmabench::Error::Environment(format!("cannot write {}: {e}", readme.display()))
+                    })?;
+                    write(out, &format!("{} (table)\n", readme.display()))?;
+                }
+                _ => write(out, &format!("{}: no {begin:?}..{end:?} markers, table not written\n", readme.display()))?,
+            }
             Ok(())
         }
     }

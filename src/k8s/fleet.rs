@@ -11,6 +11,16 @@ pub enum Topology {
     Pairs,
 }
 
+impl Topology {
+    /// The `--topology` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Topology::Ring => "ring",
+            Topology::Pairs => "pairs",
+        }
+    }
+}
+
 /// What pod `index` does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Role {

@@ -70,6 +70,15 @@ pub fn plan(r: &RenderRequest) -> Result<(JobParams, Vec<String>)> {
     if r.deadline_s <= 0 {
         return Err(Error::Usage("--deadline must be at least 1 second".into()));
     }
+    // Pod i listens on port + i.
+    let pods = r.fleet.map_or(2, |f| f.0);
+    if r.port == 0 || u32::from(r.port) + pods - 1 > u32::from(u16::MAX) {
+        return Err(Error::Usage(format!(
+            "--port {}: pod i listens on port + i, so it must lie in 1..={} for {pods} pods",
+            r.port,
+            u32::from(u16::MAX) + 1 - pods
+        )));
+    }
     if r.placement == Placement::SameNode && r.fleet.is_some() {
         return Err(Error::Usage("--same-node applies to a pair; a fleet spreads its pods over nodes".into()));
     }
@@ -124,6 +133,61 @@ pub fn committed() -> Vec<(String, RenderRequest)> {
     v
 }
 
+/// The table of `k8s-jobs/README.md` (between its `modes` markers): one row per committed
+/// manifest, from the same rows the manifests are built from.
+pub fn readme_table() -> String {
+    use crate::validate::profiles::{self, GidFamily, NicCount, Sharing};
+    let mut t = String::from(
+        "| file | platform mode | resource (requests = limits) | network | `validate --profile` checks |\n\
+         |---|---|---|---|---|\n",
+    );
+    for (path, req) in committed() {
+        let (p, _) = plan(&req).expect("committed requests are valid");
+        let m = p.mode;
+        let prof = profiles::by_name(m.profile).expect("every mode has a profile");
+        let quantity = if m.quantity_is_nics { p.nics } else { 1 };
+        let network = match (m.host_network, m.pod_networks) {
+            (true, _) => "hostNetwork".to_string(),
+            (false, true) => format!("pod-networks: {} rdma block(s)", if m.whole_node { 1 } else { p.nics }),
+            (false, false) => "pod network".to_string(),
+        };
+        let mut checks = vec![match prof.nics {
+            NicCount::Requested => format!("exactly {} NIC(s)", p.nics),
+            NicCount::WholeNode => "every NIC of the node".to_string(),
+        }];
+        checks.push(
+            match prof.family {
+                GidFamily::Ipv4 => "IPv4 RoCE v2 GID",
+                GidFamily::Ipv6 => "global IPv6 RoCE v2 GID",
+                GidFamily::Any => "a RoCE v2 GID",
+            }
+            .into(),
+        );
+        match prof.sharing {
+            Sharing::Exclusive => checks.push("distinct physical NICs, not shared with the peer".into()),
+            Sharing::Shared => checks.push("shared virtual NICs".into()),
+            Sharing::HostIpvlan => checks.push("IPVLAN sub-interfaces".into()),
+            Sharing::Any => {}
+        }
+        checks.push(if prof.needs_sys_resource { "IPC_LOCK + SYS_RESOURCE" } else { "IPC_LOCK" }.into());
+        checks.push("memlock, /dev/shm, NUMA".into());
+        if prof.topology_file {
+            checks.push("topology file".into());
+        }
+        let what = match p.fleet {
+            None => format!("{} {}: {}", platform::platform_name(m.platform), m.name, m.summary),
+            Some((n, t)) => format!("{n}-pod {} fleet on {} {}", t.name(), platform::platform_name(m.platform), m.name),
+        };
+        t.push_str(&format!(
+            "| [{path}]({path}) | {what} | `{}: {quantity}` | {network} | `{}`: {} |\n",
+            m.resource,
+            m.profile,
+            checks.join("; ")
+        ));
+    }
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,6 +224,11 @@ mod tests {
                 "{file} differs from `rdmabench k8s render`: regenerate with `rdmabench k8s render-all k8s-jobs`"
             );
         }
+        let readme = std::fs::read_to_string(format!("{root}/k8s-jobs/README.md")).unwrap_or_default();
+        assert!(
+            readme.contains(&readme_table()),
+            "k8s-jobs/README.md's table is stale: regenerate with `rdmabench k8s render-all k8s-jobs`"
+        );
     }
 
     #[test]
@@ -209,6 +278,33 @@ mod tests {
         }
     }
 
+    /// No Docker engine runs where the tests run, so the image is checked for what the
+    /// Jobs rely on: every COPY source exists and the workloads land where pods read them.
+    #[test]
+    fn the_dockerfile_ships_what_the_jobs_use() {
+        let root = env!("CARGO_MANIFEST_DIR");
+        let text = std::fs::read_to_string(format!("{root}/Dockerfile")).unwrap();
+        let copies: Vec<Vec<&str>> = text
+            .lines()
+            .filter(|l| l.starts_with("COPY ") && !l.contains("--from="))
+            .map(|l| l.split_whitespace().skip(1).collect())
+            .collect();
+        for c in &copies {
+            for src in &c[..c.len() - 1] {
+                assert!(std::path::Path::new(&format!("{root}/{src}")).exists(), "COPY {src}: no such path");
+            }
+        }
+        assert!(
+            copies.iter().any(|c| c == &["workloads", manifest::WORKLOADS_DIR]),
+            "workloads at {}",
+            manifest::WORKLOADS_DIR
+        );
+        assert!(text.contains("/usr/local/bin/rdmabench"), "the scripts call rdmabench from PATH");
+        for pkg in ["libibverbs1", "ibverbs-providers", "rdma-core", "librdmacm1"] {
+            assert!(text.contains(pkg), "runtime package {pkg}");
+        }
+    }
+
     #[test]
     fn ack_and_shared_host_follow_their_documents() {
         let (_, job) = rendered(&request(Platform::Ack, "shared-hostnet", 1));
@@ -247,6 +343,9 @@ mod tests {
         r.name = None;
         r.fleet = Some((3, Topology::Pairs));
         assert!(plan(&r).unwrap_err().message().contains("even"));
+        r.fleet = Some((10, Topology::Ring));
+        r.port = 65530;
+        assert!(plan(&r).unwrap_err().message().contains("1..=65526 for 10 pods"));
     }
 
     #[test]

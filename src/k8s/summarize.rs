@@ -151,7 +151,7 @@ pub fn command(paths: &[String], expect: Option<(u32, Topology)>, json: bool, ou
     };
     if results.is_empty() && expected.is_none() {
         return Err(Error::Usage(format!(
-            "no {MARK}lines in {}; pass the pods' logs (kubectl logs -l batch.kubernetes.io/job-name=JOB)",
+            "no {MARK}lines in {}; pass the pods' logs (kubectl logs -l batch.kubernetes.io/job-name=JOB --tail=-1)",
             paths.join(", ")
         )));
     }
