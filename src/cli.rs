@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::bench::runner::RunOptions;
-use crate::bench::spec::{AtomicOp, Measure, Operation, TestSpec, Transport};
+use crate::bench::spec::{AtomicOp, Measure, Notify, Operation, RingParams, TestSpec, Transport};
 use crate::error::{Error, Result};
 use crate::k8s::RenderRequest;
 use crate::k8s::fleet::Topology;
@@ -73,6 +73,11 @@ pub enum Command {
     AtomicLat(TestArgs),
     /// Atomic operation rate, like ib_atomic_bw.
     AtomicBw(TestArgs),
+    /// Records through the zero-copy registered-memory ring (rdmabench::ring): record
+    /// rate and bandwidth, timed until the consumer has released the last record.
+    RingBw(TestArgs),
+    /// Ring record latency: ping-pong over two rings (one-way = round trip / 2).
+    RingLat(TestArgs),
 }
 
 impl Command {
@@ -95,6 +100,8 @@ impl Command {
             Command::SendBw(a) => (Operation::Send, Measure::Bandwidth, a),
             Command::AtomicLat(a) => (Operation::Atomic, Measure::Latency, a),
             Command::AtomicBw(a) => (Operation::Atomic, Measure::Bandwidth, a),
+            Command::RingBw(a) => (Operation::Ring, Measure::Bandwidth, a),
+            Command::RingLat(a) => (Operation::Ring, Measure::Latency, a),
         };
         Some((op, measure, args))
     }
@@ -217,6 +224,17 @@ pub struct TestArgs {
     /// Fault injection for tests: corrupt one byte of message N (needs --validate-data).
     #[arg(long = "inject-corruption", hide = true, value_name = "N")]
     pub corrupt_at: Option<u64>,
+    /// Ring tests: bytes of the ring, a power of two from 4K to 1G (default 1M).
+    #[arg(long, value_parser = parse_bytes, value_name = "BYTES")]
+    pub capacity: Option<u64>,
+    /// Ring tests: committed records coalesced into one RDMA WRITE at most
+    /// (default 16 for ring-bw, 1 for ring-lat).
+    #[arg(long, value_name = "N")]
+    pub batch: Option<u32>,
+    /// Ring tests: how the consumer learns of arrivals: imm (WRITE with immediate) or
+    /// poll (sequence stamps in the records).
+    #[arg(long, value_enum)]
+    pub notify: Option<Notify>,
 }
 
 /// Where the RDMA view is read from; fixtures in tests, another root for a host's tree.
@@ -558,8 +576,21 @@ impl TestArgs {
             rdma_cm: self.rdma_cm,
             profile: self.profile.map(|p| p.profile().name.to_string()),
             corrupt_at: self.corrupt_at,
+            ring: self.ring_params(d.ring),
             ..d
         }
+    }
+
+    /// The ring's parameters: the defaults of a ring test with the flags applied; for any
+    /// other test, the flags alone (which the spec's check then refuses by name).
+    fn ring_params(&self, defaults: Option<RingParams>) -> Option<RingParams> {
+        let given = self.capacity.is_some() || self.batch.is_some() || self.notify.is_some();
+        let d = defaults.or(given.then(|| TestSpec::new(Operation::Ring, Measure::Bandwidth).ring).flatten())?;
+        Some(RingParams {
+            capacity: self.capacity.unwrap_or(d.capacity),
+            notify: self.notify.unwrap_or(d.notify),
+            batch: self.batch.unwrap_or(d.batch),
+        })
     }
 
     pub fn options(&self) -> Result<RunOptions> {
@@ -579,7 +610,7 @@ impl TestArgs {
     /// Test flags given to a server, which ignores them in favour of the client's spec.
     pub fn test_flags_given(&self) -> Vec<&'static str> {
         let mut v = Vec::new();
-        let flags: [(&'static str, bool); 20] = [
+        let flags: [(&'static str, bool); 23] = [
             ("-c", self.transport != Transport::Rc),
             ("-r", self.rx_depth != 512),
             ("--with-imm", self.with_imm),
@@ -600,6 +631,9 @@ impl TestArgs {
             ("-Q", self.cq_mod.is_some()),
             ("-R", self.rdma_cm),
             ("--profile", self.profile.is_some()),
+            ("--capacity", self.capacity.is_some()),
+            ("--batch", self.batch.is_some()),
+            ("--notify", self.notify.is_some()),
         ];
         for (f, given) in flags {
             if given {

@@ -5,7 +5,9 @@
 //! summary (`stats`) -> report (`report`: table and JSON). `verbs` is the only module
 //! that talks to libibverbs (through sideway). `validate` checks what a device plugin
 //! gave a pod and computes the NCCL environment, from sysfs. `workload` runs suites of
-//! steps with thresholds; `regress` compares a run with a baseline.
+//! steps with thresholds; `regress` compares a run with a baseline. `ring` is the
+//! zero-copy registered-memory ring buffer, a library of its own (`ring-bw`/`ring-lat`
+//! measure it).
 
 pub mod bench;
 pub mod cli;
@@ -14,6 +16,7 @@ pub mod error;
 pub mod k8s;
 pub mod regress;
 pub mod report;
+pub mod ring;
 pub mod session;
 pub mod signals;
 pub mod stats;

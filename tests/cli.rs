@@ -37,6 +37,30 @@ fn usage_errors_exit_2_before_touching_a_device() {
 }
 
 #[test]
+fn ring_bad_input_names_the_limit_and_the_fix_before_touching_a_device() {
+    for (args, says) in [
+        (
+            &["ring-bw", "-s", "2000000", "127.0.0.1"][..],
+            &["does not fit a ring of 1048576 B", "--capacity to 2097152"][..],
+        ),
+        (&["ring-bw", "--capacity", "5000", "127.0.0.1"], &["power of two"]),
+        (&["ring-lat", "--capacity", "1K", "127.0.0.1"], &["4096"]),
+        (&["ring-bw", "--validate-data", "-s", "8", "127.0.0.1"], &["-s 16 or more"]),
+        (&["ring-bw", "--batch", "0", "127.0.0.1"], &["--batch 0"]),
+        (&["ring-bw", "-q", "2", "127.0.0.1"], &["-q does not apply to ring tests"]),
+        (&["ring-bw", "-c", "UD", "127.0.0.1"], &["rings run over RC"]),
+        (&["write-bw", "--capacity", "4K", "127.0.0.1"], &["ring-bw and ring-lat only", "write-bw"]),
+    ] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        for s in says {
+            assert!(stderr.contains(s), "{args:?}: wanted {s:?} in: {stderr}");
+        }
+    }
+}
+
+#[test]
 fn help_lists_perftest_flags() {
     let out = Command::new(BIN).args(["write-bw", "--help"]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);

@@ -881,3 +881,150 @@ fn lab_fleet_ring_of_three_pods_summarized() {
     assert_eq!(s.code, 1, "{}", s.stdout);
     assert!(s.stdout.contains("FAILED: no result") && s.stderr.contains("2 -> 0"), "{}\n{}", s.stdout, s.stderr);
 }
+
+// ---- The zero-copy ring (rdmabench::ring, ring-bw, ring-lat) ----
+
+/// ring-bw and ring-lat in both notify modes over a small ring (hundreds of wraps), every
+/// record numbered and checksummed; a sweep keeps every size's JSON; a corrupted record is
+/// caught where it lands.
+#[test]
+fn lab_ring_both_notify_modes_wrap_many_times_with_validated_data() {
+    for notify in ["imm", "poll"] {
+        // 4 KiB ring, 128 B per record: 32 records a lap, 625 laps.
+        let args = ["--notify", notify, "--capacity", "4096", "-s", "100", "-n", "20000", "--validate-data"];
+        let (c, s) = ok_pair("ring-bw", &[&args[..], &["--json", "-"]].concat());
+        let doc = valid_doc(&c.stdout);
+        let r = &doc["results"][0];
+        assert_eq!(doc["spec"]["ring"]["notify"], notify);
+        assert_eq!(r["iterations"], 20000);
+        assert_eq!(r["bandwidth"]["bytes"], 100 * 20000);
+        assert_eq!(r["data_validated"], true);
+        assert!(r["bandwidth"]["msg_rate_mpps"].as_f64().unwrap() > 0.0);
+        assert!(s.stdout.contains(&format!("Ring records ({notify} notify, 4096 B ring")), "{}", s.stdout);
+
+        let dir = tempfile::tempdir().unwrap();
+        let f = json_file(&dir, "lat.json");
+        let args =
+            ["--notify", notify, "--capacity", "4096", "-s", "64", "-n", "3000", "--validate-data", "--json", &f];
+        let (c, _) = ok_pair("ring-lat", &args);
+        assert!(c.stdout.contains("one-way latency"), "{}", c.stdout);
+        let doc = valid_doc(&std::fs::read_to_string(&f).unwrap());
+        let l = &doc["results"][0]["latency"];
+        assert_eq!(l["samples"], 3000);
+        assert!(l["min_ns"].as_f64().unwrap() > 0.0 && l["p50_ns"].as_f64() <= l["max_ns"].as_f64(), "{l}");
+    }
+    // Every size of a sweep, each on a fresh ring.
+    let (c, _) = ok_pair("ring-bw", &["-a", "-n", "20", "--capacity", "16M", "--json", "-"]);
+    let doc = valid_doc(&c.stdout);
+    let sizes: Vec<u64> = doc["results"].as_array().unwrap().iter().map(|r| r["size"].as_u64().unwrap()).collect();
+    assert_eq!(sizes, (1..=23).map(|p| 1u64 << p).collect::<Vec<_>>());
+    // One flipped byte in record 777: the consumer's checksum catches it.
+    let (c, s) = pair("ring-bw", &["--validate-data", "-s", "256", "-n", "2000", "--inject-corruption", "777"], &[]);
+    assert_eq!((c.code, s.code), (1, 1), "client: {}\nserver: {}", c.stderr, s.stderr);
+    assert!(c.stderr.contains("record 777") && c.stderr.contains("checksum"), "{}", c.stderr);
+}
+
+/// The documented example program: records of random sizes (16 B to 3000 B) through a
+/// 16 KiB ring, checked in order and by checksum on the consumer; then a slow consumer:
+/// the producer meets a full ring, waits, and nothing is lost.
+#[test]
+fn lab_ring_example_program_random_sizes_and_a_slow_consumer() {
+    let example = std::path::Path::new(BIN).parent().unwrap().join("examples/ring");
+    assert!(example.exists(), "build the example first: cargo build --release --example ring");
+    let ex = |args: &[&str]| {
+        Command::new(&example).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+    };
+    let addr = server_addr();
+    for (notify, records, delay, capacity) in
+        [("imm", "20000", "0", "16K"), ("poll", "20000", "0", "16K"), ("imm", "400", "500", "8K")]
+    {
+        let port = next_port();
+        let consumer = ex(&["consume", "-p", &port, "--delay-us", delay]);
+        let producer = ex(&[
+            "produce",
+            &addr,
+            "-p",
+            &port,
+            "--records",
+            records,
+            "--min-size",
+            "16",
+            "--max-size",
+            "3000",
+            "--capacity",
+            capacity,
+            "--notify",
+            notify,
+        ]);
+        let p = finish(producer, Duration::from_secs(120));
+        let c = finish(consumer, Duration::from_secs(30));
+        assert_eq!((p.code, c.code), (0, 0), "{notify}: producer {}\nconsumer {}", p.stderr, c.stderr);
+        assert!(c.stdout.contains(&format!("consumed {records} records")), "{}", c.stdout);
+        assert!(c.stdout.contains("in order, checksums ok"), "{}", c.stdout);
+        let waits: u64 = p.stdout.split("full ").nth(1).and_then(|t| t.split(' ').next()).unwrap().parse().unwrap();
+        if delay != "0" {
+            // 400 records of ~1.5 KB through 8 KiB, consumed at 2000/s: the ring fills often.
+            assert!(waits > 50, "the producer should have met a full ring: {}", p.stdout);
+        }
+    }
+}
+
+/// The library's edges, in one process over rxe: a record of exactly the ring's free
+/// space (the whole empty ring) fits; the next waits for it to be consumed (`try_reserve`
+/// and `reserve_within` say so without blocking); one byte more is a clear error.
+#[test]
+fn lab_ring_exact_free_space_fits_and_a_larger_record_is_refused() {
+    use rdmabench::ring::{Consumer, Notify, Producer, RingConfig};
+    use rdmabench::verbs::DeviceSelection;
+    let device = DeviceSelection { device: None, port: 1, gid_index: None };
+    let port: u16 = next_port().parse().unwrap();
+    let timeout = Duration::from_secs(5);
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let consumer = std::thread::spawn(move || -> Vec<(usize, u8)> {
+        let dev = DeviceSelection { device: None, port: 1, gid_index: None };
+        let c = Consumer::accept(port, &dev, timeout).expect("accept");
+        let mut seen = Vec::new();
+        while let Some(r) = c.recv().expect("recv") {
+            seen.push((r.len(), r[r.len() - 1]));
+            if seen.len() == 1 {
+                // Hold the first (ring-filling) record until the producer has seen the
+                // ring full.
+                release_rx.recv().unwrap();
+            }
+        }
+        seen
+    });
+    let config = RingConfig { capacity: 4096, notify: Notify::Poll, ..RingConfig::default() };
+    let mut p = Producer::connect(&server_addr(), port, &device, config, timeout).expect("connect");
+    let max = p.max_record();
+    assert_eq!(max, 4096 - 24, "a record's header and trailer take 24 B");
+    let mut slot = p.reserve(max).expect("the whole empty ring is free");
+    slot.fill(0xa5);
+    slot.commit().unwrap();
+    p.flush().unwrap();
+    assert!(p.try_reserve(1).unwrap().is_none(), "full: try_reserve does not block");
+    let t = Instant::now();
+    assert!(p.reserve_within(1, Duration::from_millis(300)).unwrap().is_none());
+    assert!(t.elapsed() >= Duration::from_millis(300) && t.elapsed() < Duration::from_secs(2));
+    let err = p.reserve(max + 1).err().expect("one byte more than the ring holds");
+    assert_eq!(err.exit_code(), 2, "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("at most {max} B")) && msg.contains("larger capacity"), "{msg}");
+    release_tx.send(()).unwrap();
+    let mut slot = p.reserve(max).expect("free again once consumed");
+    slot.fill(0x5a);
+    slot.commit().unwrap();
+    p.finish().unwrap();
+    assert_eq!(consumer.join().unwrap(), vec![(max, 0xa5), (max, 0x5a)]);
+}
+
+#[test]
+fn lab_ring_killed_peer_ends_the_other_side_with_exit_4_in_time() {
+    for test in ["ring-bw", "ring-lat"] {
+        for server_dies in [true, false] {
+            let (_, other, waited) = disrupt(test, server_dies, libc::SIGKILL);
+            assert_eq!(other.code, 4, "{test}, server dies: {server_dies}: {}", other.stderr);
+            assert!(waited < Duration::from_secs(5), "{test}: took {waited:?} (timeout 3 s)");
+        }
+    }
+}

@@ -27,9 +27,9 @@ fn tag(i: u64) -> u8 {
     (i % 255) as u8 + 1
 }
 
-/// Whether samples are halved round trips (ping-pong) or whole ones.
+/// Whether samples are halved round trips (ping-pong, and the ring's echo) or whole ones.
 pub fn is_ping_pong(spec: &TestSpec) -> bool {
-    matches!(spec.operation, Operation::Write | Operation::Send)
+    matches!(spec.operation, Operation::Write | Operation::Send | Operation::Ring)
 }
 
 /// Gets this side's memory ready for a size, before the peer may touch it: clears the
@@ -49,6 +49,7 @@ pub fn prepare(link: &Link, spec: &TestSpec, size: u64) {
             // SAFETY: as above; the counter is 8 aligned bytes.
             unsafe { link.buf.bytes_mut(l.recv_at(0) as usize, 8) }.fill(0);
         }
+        Operation::Ring => crate::bench::ring::prepare(link, spec),
         _ => {}
     }
 }
@@ -203,14 +204,14 @@ pub fn client(run: &SizeRun, chan: &mut Channel) -> Result<LatencyRun> {
 }
 
 /// Ends the loop at `-n` iterations or after `-D` seconds.
-struct Limit {
+pub struct Limit {
     iterations: u64,
     limit_ns: Option<u64>,
-    start: u64,
+    pub start: u64,
 }
 
 impl Limit {
-    fn new(spec: &TestSpec, clock: &Clock) -> Limit {
+    pub fn new(spec: &TestSpec, clock: &Clock) -> Limit {
         Limit {
             iterations: spec.iterations,
             limit_ns: spec.duration_secs.map(|d| (d * 1e9) as u64),
@@ -219,7 +220,7 @@ impl Limit {
     }
 
     #[inline(always)]
-    fn done(&self, i: u64, clock: &Clock) -> bool {
+    pub fn done(&self, i: u64, clock: &Clock) -> bool {
         match self.limit_ns {
             Some(limit) => i > 0 && clock.nanos(self.start, clock.now()) >= limit,
             None => i == self.iterations,

@@ -19,7 +19,7 @@ use crate::validate::profiles::{self, Sharing};
 use crate::verbs::cm::{self, CmConnection, CmListener};
 use crate::verbs::gid::{self, Family, GidKind, LinkLayer, SideChoice};
 use crate::verbs::qp::GRH_BYTES;
-use crate::verbs::{DeviceSelection, Qp, QpCaps, Rdma, RegisteredBuf, Transport};
+use crate::verbs::{DeviceSelection, Qp, QpCaps, Rdma, RecvRequest, RegisteredBuf, Transport};
 
 /// Validated bandwidth runs cycle over this much memory per region at most, so each
 /// in-flight message has its own slot and can be checked where it lands.
@@ -49,6 +49,22 @@ pub struct Layout {
 
 impl Layout {
     pub fn new(spec: &TestSpec) -> Layout {
+        if let Some(ring) = crate::ring::RingLayout::of(spec) {
+            // The ring lays out the whole buffer itself; receives only announce writes.
+            let rx_depth = match spec.ring.map(|r| r.notify) {
+                Some(crate::ring::Notify::Imm) => spec.rx_depth,
+                _ => 0,
+            };
+            return Layout {
+                send_slot: ring.total,
+                send_slots: 1,
+                recv_offset: ring.total,
+                recv_slot: 0,
+                recv_slots: 0,
+                rx_depth,
+                recv_payload: 0,
+            };
+        }
         let max = spec.max_size().max(1);
         let validate_bw = spec.measure == Measure::Bandwidth && spec.validate_data;
         let slots_for = |slot: u64, cap: u32| (VALIDATE_BW_BYTES / slot).clamp(1, cap.max(1) as u64);
@@ -139,8 +155,8 @@ impl Prepared {
             _ => 1,
         }
         .min(255);
-        let mut lanes = Vec::with_capacity(spec.num_qps as usize);
-        for _ in 0..spec.num_qps {
+        let mut lanes = Vec::with_capacity(spec.lanes() as usize);
+        for _ in 0..spec.lanes() {
             let buf = RegisteredBuf::new(&rdma.pd, layout.total_len())?;
             let qp = Qp::create(&rdma, spec.transport, caps)?;
             let local = Endpoint {
@@ -250,6 +266,16 @@ impl Prepared {
                 receives: Mutex::new(None),
                 _cm: cm,
             };
+            if let (Some(ring), Some(crate::ring::Notify::Imm)) =
+                (crate::ring::RingLayout::of(spec), spec.ring.map(|r| r.notify))
+            {
+                // A ring's writes with immediate each consume a receive; posted now, before
+                // the peer may write, and kept stocked by the ring's receiver.
+                let (at, len) = crate::ring::receive_scratch(&ring);
+                let mut recvs: Vec<_> =
+                    (0..spec.rx_depth).map(|i| RecvRequest::new(&link.buf, at, len, u64::from(i))).collect();
+                link.qp.post_recv_batch(&mut recvs)?;
+            }
             if spec.uses_receives() {
                 // Posted now, before either side may send. Latency reposts each receive at
                 // once; bandwidth reposts in batches of an eighth of the queue.

@@ -7,6 +7,7 @@ pub mod bandwidth;
 pub mod latency;
 pub mod link;
 pub mod pattern;
+pub mod ring;
 pub mod runner;
 pub mod spec;
 pub mod wait;

@@ -57,6 +57,43 @@ pub fn check_stamped(buf: &[u8], expected: u64) -> Result<u64, String> {
     }
 }
 
+/// Bytes of a ring record's stamp: its number, then a checksum of the rest.
+pub const RECORD_STAMP: usize = 16;
+
+/// FNV-1a over `bytes`: the ring records' checksum (cheap, and any single-byte change
+/// alters it).
+pub fn checksum(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// Ring record `i` (at least `RECORD_STAMP` bytes): `[i][checksum of the body]`, then the
+/// body, `i`'s pattern.
+pub fn fill_record(buf: &mut [u8], i: u64) {
+    let (stamp, body) = buf.split_at_mut(RECORD_STAMP);
+    fill(body, i);
+    stamp[..8].copy_from_slice(&i.to_le_bytes());
+    stamp[8..].copy_from_slice(&checksum(body).to_le_bytes());
+}
+
+/// Checks ring record `expected`: a ring loses and reorders nothing, so the stamp must be
+/// exactly `expected`, the checksum must match and the body be `expected`'s pattern.
+pub fn check_record(buf: &[u8], expected: u64) -> Result<(), String> {
+    let word = |k: usize| u64::from_le_bytes(buf[k..k + 8].try_into().expect("8 bytes"));
+    let (index, sum, body) = (word(0), word(8), &buf[RECORD_STAMP..]);
+    if index != expected {
+        return Err(format!("record {index} arrived where record {expected} was due (lost, duplicated or reordered)"));
+    }
+    if checksum(body) != sum {
+        let at =
+            first_mismatch(body, index).map_or(String::new(), |p| format!(", first bad byte {}", p + RECORD_STAMP));
+        return Err(format!("record {index} ({} B) fails its checksum{at}", buf.len()));
+    }
+    match first_mismatch(body, index) {
+        Some(p) => Err(format!("record {index} ({} B) has wrong data at byte {}", buf.len(), p + RECORD_STAMP)),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,5 +128,19 @@ mod tests {
         assert_eq!(first_mismatch(&a, 8), Some(0).or(first_mismatch(&a, 8)));
         assert!(first_mismatch(&a, 8).is_some());
         assert!(first_mismatch(&a, 6).is_some());
+    }
+
+    #[test]
+    fn ring_records_carry_number_and_checksum() {
+        let mut b = vec![0u8; 64];
+        fill_record(&mut b, 9);
+        assert_eq!(check_record(&b, 9), Ok(()));
+        assert!(check_record(&b, 10).unwrap_err().contains("record 9 arrived where record 10"));
+        b[40] ^= 4;
+        let e = check_record(&b, 9).unwrap_err();
+        assert!(e.contains("checksum") && e.contains("byte 40"), "{e}");
+        let mut bare = vec![0u8; RECORD_STAMP];
+        fill_record(&mut bare, 3);
+        assert_eq!(check_record(&bare, 3), Ok(()));
     }
 }

@@ -6,8 +6,8 @@ use std::io::Write;
 use std::time::Duration;
 
 use crate::bench::link::{Prepared, Role, SizeRun, hostname};
-use crate::bench::spec::{Measure, TestSpec, Transport};
-use crate::bench::{bandwidth, latency};
+use crate::bench::spec::{Measure, Operation, TestSpec, Transport};
+use crate::bench::{bandwidth, latency, ring};
 use crate::error::{Error, Result};
 use crate::report;
 use crate::report::histogram::SizeHistogram;
@@ -174,7 +174,11 @@ fn measure_size(
     let mut per_thread = Vec::new();
     let (iterations, duration_ns, latency, bandwidth) = match spec.measure {
         Measure::Latency => {
-            let lat = latency::client(run, chan)?;
+            let lat = if spec.operation == Operation::Ring {
+                ring::latency_client(runs, chan)?
+            } else {
+                latency::client(run, chan)?
+            };
             if opts.histogram.is_some() {
                 histogram = Some(lat.recorder.histogram().clone());
             }
@@ -182,6 +186,10 @@ fn measure_size(
             let summary = lat.recorder.summary(scale);
             let result = LatencyResult { kind: kind.into(), unit: "ns".into(), summary };
             (lat.iterations, lat.elapsed_ns, Some(result), None)
+        }
+        Measure::Bandwidth if spec.operation == Operation::Ring => {
+            let bw = ring::bandwidth_client(run, chan)?;
+            (bw.iterations, bw.summary.elapsed_ns, None, Some(bw.summary))
         }
         Measure::Bandwidth => {
             let side = bandwidth::client(runs, chan)?;
@@ -330,8 +338,15 @@ fn serve(mut chan: Channel, hello: Message, opts: &RunOptions, local_test_flags:
                     .collect();
                 let (iterations, data_error, reverse) = match spec.measure {
                     Measure::Latency => {
-                        let o = latency::server(&runs[0], &mut chan)?;
+                        let o = if spec.operation == Operation::Ring {
+                            ring::latency_server(&runs, &mut chan)?
+                        } else {
+                            latency::server(&runs[0], &mut chan)?
+                        };
                         (o.iterations, o.data_error, None)
+                    }
+                    Measure::Bandwidth if spec.operation == Operation::Ring => {
+                        ring::bandwidth_server(&runs[0], &mut chan)?
                     }
                     Measure::Bandwidth => bandwidth::server(&runs, &mut chan)?,
                 };

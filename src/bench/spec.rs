@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+pub use crate::ring::layout_params::{Notify, RingParams};
 pub use crate::verbs::qp::Transport;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -15,6 +16,8 @@ pub enum Operation {
     Read,
     Send,
     Atomic,
+    /// Records through the zero-copy ring (`crate::ring`): RDMA WRITE plus credits.
+    Ring,
 }
 
 impl Operation {
@@ -24,6 +27,7 @@ impl Operation {
             Operation::Read => "read",
             Operation::Send => "send",
             Operation::Atomic => "atomic",
+            Operation::Ring => "ring",
         }
     }
 }
@@ -122,6 +126,9 @@ pub struct TestSpec {
     /// Fault injection for tests: flip one payload byte at this iteration (needs validate_data).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub corrupt_at: Option<u64>,
+    /// Ring tests: the ring's capacity, notification and batching.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring: Option<RingParams>,
 }
 
 /// A bandwidth test requests a completion at least once per this many bytes sent.
@@ -163,6 +170,11 @@ impl TestSpec {
             rdma_cm: false,
             profile: None,
             corrupt_at: None,
+            ring: (operation == Operation::Ring).then_some(RingParams {
+                capacity: 1 << 20,
+                notify: Notify::Imm,
+                batch: if measure == Measure::Latency { 1 } else { 16 },
+            }),
         }
     }
 
@@ -183,16 +195,25 @@ impl TestSpec {
             (_, Measure::Bandwidth) => 65536,
         };
         let iterations = match (operation, measure) {
-            (Operation::Write, Measure::Bandwidth) => 5000,
+            (Operation::Write | Operation::Ring, Measure::Bandwidth) => 5000,
             _ => 1000,
         };
         let (tx_depth, inline_size) = match (operation, measure) {
             (Operation::Write, Measure::Latency) => (1, 220),
+            // The echo of ring-lat needs a credit write beside each record now and then.
+            (Operation::Ring, Measure::Latency) => (16, 220),
+            (Operation::Ring, Measure::Bandwidth) => (128, 220),
             (Operation::Send, Measure::Latency) => (1, 236),
             (_, Measure::Latency) => (1, 0),
             (_, Measure::Bandwidth) => (128, 0),
         };
         Defaults { size, iterations, tx_depth, inline_size }
+    }
+
+    /// Connections (QP + buffer) per side: `-q`, except ring-lat, whose echo comes back on a
+    /// ring of its own.
+    pub fn lanes(&self) -> u32 {
+        if self.operation == Operation::Ring && self.measure == Measure::Latency { 2 } else { self.num_qps }
     }
 
     /// Whether the passive side must post receives: SEND, and WRITE with immediate.
@@ -274,6 +295,7 @@ impl TestSpec {
             )));
         }
         self.check_combination()?;
+        self.check_ring()?;
         if self.rx_depth == 0 {
             return Err(Error::Usage(
                 "rx depth 0 is not allowed; use -r 1 or more (up to the device's max_qp_wr)".into(),
@@ -327,11 +349,55 @@ impl TestSpec {
 }
 
 impl TestSpec {
+    /// A ring test's own rules: a valid ring, records that fit it, and the options that
+    /// have a meaning for a ring.
+    fn check_ring(&self) -> Result<()> {
+        if (self.operation == Operation::Ring) != self.ring.is_some() {
+            return Err(Error::Usage(format!(
+                "--capacity, --batch and --notify apply to ring-bw and ring-lat only, not {}; drop them",
+                self.name().replace('_', "-")
+            )));
+        }
+        let Some(ring) = self.ring else { return Ok(()) };
+        let config = crate::ring::RingConfig::from_spec(self).expect("a ring spec");
+        config.check().map_err(Error::Usage)?;
+        let max = crate::ring::max_record(ring.capacity);
+        if self.max_size() > max {
+            return Err(Error::Usage(format!(
+                "record size {} B does not fit a ring of {} B (at most {max} B per record); raise --capacity to \
+                 {} or more",
+                self.max_size(),
+                ring.capacity,
+                crate::ring::span(self.max_size()).next_power_of_two()
+            )));
+        }
+        if self.validate_data && self.sizes.iter().any(|&s| s < 16) {
+            return Err(Error::Usage(
+                "--validate-data stamps each record with its number and a checksum (16 B): use -s 16 or more".into(),
+            ));
+        }
+        let refused = [
+            ("-c UC/UD (rings run over RC)", self.transport != Transport::Rc),
+            ("-q", self.num_qps != 1),
+            ("--threads", self.threads != 1),
+            ("-b", self.bidirectional),
+            ("-l", self.post_list.is_some()),
+            ("-e", self.events),
+            ("--with-imm (use --notify imm)", self.with_imm),
+            ("-R", self.rdma_cm),
+        ];
+        if let Some((flag, _)) = refused.iter().find(|(_, on)| *on) {
+            return Err(Error::Usage(format!("{flag} does not apply to ring tests; drop it")));
+        }
+        Ok(())
+    }
+
     /// Refuses operation/transport/option combinations that cannot work, with the reason.
     fn check_combination(&self) -> Result<()> {
         let op = self.operation.label();
         match (self.operation, self.transport) {
             (_, Transport::Rc)
+            | (Operation::Ring, _)
             | (Operation::Write | Operation::Send, Transport::Uc)
             | (Operation::Send, Transport::Ud) => {}
             (Operation::Read | Operation::Atomic, Transport::Uc) => {

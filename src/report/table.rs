@@ -25,6 +25,10 @@ pub fn banner(out: &mut dyn Write, spec: &TestSpec, env: &Environment, role: &st
         Operation::Send if spec.with_imm => "Send with immediate".into(),
         Operation::Send => "Send".into(),
         Operation::Atomic => format!("Atomic {}", spec.atomic_op.label()),
+        Operation::Ring => {
+            let r = spec.ring.expect("a ring test has ring parameters");
+            format!("Ring records ({} notify, {} B ring, batch {})", r.notify.label(), r.capacity, r.batch)
+        }
     };
     let kind = match spec.measure {
         Measure::Latency => "Latency",
@@ -68,7 +72,7 @@ pub fn header(out: &mut dyn Write, spec: &TestSpec, units: Units, cpu: bool) -> 
     match spec.measure {
         Measure::Latency => {
             let what = match spec.operation {
-                Operation::Write | Operation::Send => "one-way latency = round trip / 2",
+                Operation::Write | Operation::Send | Operation::Ring => "one-way latency = round trip / 2",
                 Operation::Read | Operation::Atomic => "round-trip latency (whole round trips)",
             };
             writeln!(out, " {what} [usec]; t_max is the true maximum (no samples dropped)")?;

@@ -46,8 +46,10 @@ pub fn max_record(capacity: u64) -> u64 {
 /// Checks a capacity: a power of two within the limits.
 pub fn check_capacity(capacity: u64) -> Result<(), String> {
     if !capacity.is_power_of_two() || !(MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity) {
+        let nearest = capacity.checked_next_power_of_two().unwrap_or(MAX_CAPACITY).clamp(MIN_CAPACITY, MAX_CAPACITY);
         return Err(format!(
-            "ring capacity {capacity} B: use a power of two from {MIN_CAPACITY} B to {} MiB",
+            "ring capacity {capacity} B is not a power of two from {MIN_CAPACITY} B to {} MiB; use --capacity \
+             {nearest}",
             MAX_CAPACITY >> 20
         ));
     }
@@ -159,15 +161,7 @@ pub struct ProducerCore {
 impl ProducerCore {
     pub fn new(capacity: u64) -> ProducerCore {
         assert!(check_capacity(capacity).is_ok());
-        ProducerCore {
-            capacity,
-            committed: 0,
-            sent: 0,
-            released: 0,
-            next_seq: 1,
-            unsent_records: 0,
-            reserved: None,
-        }
+        ProducerCore { capacity, committed: 0, sent: 0, released: 0, next_seq: 1, unsent_records: 0, reserved: None }
     }
 
     pub fn capacity(&self) -> u64 {
@@ -198,12 +192,23 @@ impl ProducerCore {
 
     /// Finds room for a record of `len` bytes. The reservation stays until `commit` or
     /// `cancel`; reserving again replaces it.
-    pub fn reserve(&mut self, len: u64) -> Result<Reserved, NoRoom> {
+    ///
+    /// A record too big to share the ring with the pad before it (pad + record > capacity,
+    /// e.g. one filling the whole ring while the producer is mid-ring) could never fit as
+    /// one unit, so the pad is committed on its own first (written into `ring`, sent with
+    /// the next write); the record then waits for the ring to drain up to it.
+    pub fn reserve(&mut self, len: u64, ring: &RingMem) -> Result<Reserved, NoRoom> {
         let max = max_record(self.capacity);
         if len > max {
             return Err(NoRoom::TooLarge { len, max });
         }
         let sp = span(len);
+        let offset = self.committed & (self.capacity - 1);
+        let to_end = self.capacity - offset;
+        if offset > 0 && sp > to_end && to_end + sp > self.capacity && to_end <= self.free() {
+            self.write_record(ring, self.committed, KIND_PAD, to_end - HEADER - TRAILER, to_end);
+            self.committed += to_end;
+        }
         let offset = self.committed & (self.capacity - 1);
         let to_end = self.capacity - offset;
         let pad = if sp > to_end { to_end } else { 0 };

@@ -36,7 +36,7 @@ pub struct Step {
 #[derive(Debug, Clone, PartialEq)]
 pub enum StepKind {
     Validate { profile: ProfileName, expect_nics: Option<u32>, expect_gpus: Option<u32> },
-    Measure(Measurement),
+    Measure(Box<Measurement>),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -340,13 +340,13 @@ fn step(src: &Source, span: &Range<usize>, s: &RawStep, params: &BTreeMap<String
     }
     Ok(Step {
         name: s.name.clone(),
-        kind: StepKind::Measure(Measurement {
+        kind: StepKind::Measure(Box::new(Measurement {
             spec,
             repeat,
             cpu_util: s.cpu_util.unwrap_or(false),
             thresholds,
             tolerance,
-        }),
+        })),
     })
 }
 

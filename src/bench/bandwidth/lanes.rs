@@ -34,6 +34,7 @@ fn request(link: &Link, spec: &TestSpec, size: u64) -> SendRequest {
             AtomicOp::FetchAndAdd => SendRequest::fetch_add(&link.buf, 0, link.remote_recv_addr(0), rkey, 1),
             AtomicOp::CmpAndSwp => SendRequest::cmp_swap(&link.buf, 0, link.remote_recv_addr(0), rkey, 0, 1),
         },
+        Operation::Ring => unreachable!("ring tests run their own kernel (bench::ring)"),
     }
 }
 
@@ -56,6 +57,7 @@ fn aim(req: &mut SendRequest, link: &Link, spec: &TestSpec, size: u64, m: u64) {
             req.set_local(link.buf.addr() + l.recv_at(slot), size as u32);
             req.set_remote(link.remote_send_addr(slot % l.send_slots));
         }
+        Operation::Ring => unreachable!("ring tests run their own kernel (bench::ring)"),
         Operation::Write | Operation::Send => {
             let src = l.send_at(m % l.send_slots);
             // SAFETY: this slot's previous message completed: the window is at most `send_slots` deep.

@@ -65,12 +65,12 @@ impl Sim {
 
     /// Tries to produce a record of `len`; false when the ring is full.
     fn produce(&mut self, len: u64) -> bool {
-        match self.p.reserve(len) {
+        let mem = self.staging();
+        match self.p.reserve(len, &mem) {
             Ok(r) => {
                 for i in 0..len {
                     self.staging[(r.offset + i) as usize] = payload_byte(self.produced, i);
                 }
-                let mem = self.staging();
                 self.p.commit(&mem);
                 self.produced += 1;
                 true
@@ -270,6 +270,21 @@ fn a_long_stream_wraps_many_times() {
     assert!(s.p.committed() / 4096 > 100, "wrapped {} times", s.p.committed() / 4096);
 }
 
+/// A record filling the whole ring, asked for mid-ring: it cannot share the ring with the
+/// pad before it, so the pad goes alone, and the record fits once that pad is consumed.
+#[test]
+fn a_record_filling_the_ring_fits_from_mid_ring_after_a_lone_pad() {
+    let mut s = Sim::new(4096, false);
+    assert!(s.produce(100));
+    s.drain();
+    assert!(!s.produce(max_record(4096)), "must wait for the pad to be consumed");
+    s.drain();
+    assert_eq!(s.p.committed() % 4096, 0, "the pad took the producer to the ring's start");
+    assert!(s.produce(max_record(4096)));
+    s.drain();
+    assert_eq!(s.consumed, 2);
+}
+
 #[test]
 fn a_record_of_exactly_the_free_space_fits_and_one_byte_more_waits() {
     let mut s = Sim::new(4096, true);
@@ -286,7 +301,8 @@ fn a_record_of_exactly_the_free_space_fits_and_one_byte_more_waits() {
     // record needs offset 0. After the drain the producer sits at offset 0 again.
     assert_eq!(s.p.committed() % 4096, 0);
     assert!(s.produce(max_record(4096)), "a record filling the whole ring");
-    assert!(matches!(s.p.reserve(max_record(4096) + 1), Err(NoRoom::TooLarge { max: 4072, .. })));
+    let mem = s.staging();
+    assert!(matches!(s.p.reserve(max_record(4096) + 1, &mem), Err(NoRoom::TooLarge { max: 4072, .. })));
     s.drain();
 }
 
