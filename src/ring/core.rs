@@ -40,7 +40,7 @@ pub fn span(len: u64) -> u64 {
 
 /// The largest payload a ring of `capacity` bytes carries (one record filling it).
 pub fn max_record(capacity: u64) -> u64 {
-    capacity - HEADER - TRAILER
+    capacity.saturating_sub(HEADER + TRAILER)
 }
 
 /// Checks a capacity: a power of two within the limits.

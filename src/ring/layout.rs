@@ -65,6 +65,8 @@ impl RingConfig {
     /// tests' machinery).
     pub fn to_spec(&self, measure: Measure) -> TestSpec {
         let mut spec = TestSpec::new(Operation::Ring, measure);
+        // A library session's records take any size up to the ring's largest.
+        spec.sizes = vec![core::max_record(self.capacity)];
         spec.tx_depth = self.tx_depth;
         spec.rx_depth = self.rx_depth;
         spec.ring = Some(self.params());

@@ -130,6 +130,8 @@ pub struct Sender<L: Borrow<Link>> {
     /// word), both modulo 2^32.
     imm_sent: u32,
     recv_credit: u32,
+    /// The credit word as `read_credit` last took it.
+    credit_seen: (u32, u32),
     requests: u32,
     /// What the credit word said when the last request went out: ask again only after it
     /// changed (each request is answered by one publication).
@@ -169,6 +171,7 @@ impl<L: Borrow<Link>> Sender<L> {
             credit_in,
             imm_sent: 0,
             recv_credit: 0,
+            credit_seen: (0, 0),
             requests: 0,
             asked_at: None,
             small: SmallWrite { layout, count: 0 },
@@ -247,6 +250,7 @@ impl<L: Borrow<Link>> Sender<L> {
     fn read_credit(&mut self, chan: &Channel) -> Result<()> {
         let pos = self.credit_in.load_u32(0);
         self.recv_credit = self.credit_in.load_u32(4);
+        self.credit_seen = (pos, self.recv_credit);
         self.core.on_credit(pos).map(|_| ()).map_err(|e| Error::Peer(format!("{}: {e}", chan.peer())))
     }
 
@@ -263,11 +267,12 @@ impl<L: Borrow<Link>> Sender<L> {
         post_small(link, &mut self.window, &mut self.small, self.layout.request_in, value, false)
     }
 
-    /// Waits until the credit word changes. `wait`: `None` up to the session deadline (an
-    /// error after it), `Some` that long (false after it).
+    /// Waits until the credit word differs from what `read_credit` last took (not from
+    /// what it says now: a word that changed in between is news already). `wait`: `None`
+    /// up to the session deadline (an error after it), `Some` that long (false after it).
     fn wait_for_credit(&mut self, chan: &mut Channel, wait: Option<u64>) -> Result<bool> {
         let credit_in = self.credit_in;
-        let before = (credit_in.load_u32(0), credit_in.load_u32(4));
+        let before = self.credit_seen;
         let clock = self.clock;
         let start = clock.now();
         let link: &Link = self.link.borrow();
