@@ -5,15 +5,7 @@
 # turns them into medians and ratios.
 set -euo pipefail
 rounds=${1:-5}
-bin=${RDMABENCH_BIN:-target/release/rdmabench}
-addr=${RDMABENCH_LAB_ADDR:-10.77.0.1}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-# Both tools run pinned the same way (server on one CPU, client on the other): where the
-# scheduler puts the two spinning processes otherwise swings latency by 40 % under TCG.
-ncpu=$(nproc)
-server_cpu=0
-client_cpu=$(( ncpu > 1 ? 1 : 0 ))
+. "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
 
 # case name | rdmabench test | rdmabench args | JSON metric | scale | perftest tool | perftest args | perftest column
 # perftest columns: latency t_typical = 5; bandwidth BW average[MB/sec] = 4, MsgRate[Mpps] = 5.
@@ -46,23 +38,6 @@ run_perftest() { # name tool args column
   local v
   v=$(perftest_row "$tmp/pc.out" | awk -v f="$col" '{print $f}')
   [ -n "$v" ] && echo "BENCH {\"case\":\"$name\",\"tool\":\"perftest\",\"value\":$v}" || echo "perftest $tool failed: $(tail -2 "$tmp/pc.out")"
-}
-
-run_ours() { # name test args metric scale
-  local name=$1 test=$2 args=$3 metric=$4 scale=$5
-  taskset -c "$server_cpu" "$bin" "$test" -p 18516 > "$tmp/os.out" 2>&1 &
-  local srv=$!
-  # shellcheck disable=SC2086
-  timeout 120 taskset -c "$client_cpu" "$bin" "$test" -p 18516 --connect-timeout 10 $args --json - "$addr" \
-    > "$tmp/oc.json" 2> "$tmp/oc.err" || true
-  wait "$srv" || true
-  local v
-  v=$(python3 -c "
-import json
-r = json.load(open('$tmp/oc.json'))['results'][0]
-a, b = '$metric'.split('.')
-print(r[a][b] * $scale)" 2>/dev/null) || { echo "rdmabench $test failed: $(tail -2 "$tmp/oc.err")"; return; }
-  echo "BENCH {\"case\":\"$name\",\"tool\":\"rdmabench\",\"value\":$v}"
 }
 
 for r in $(seq 1 "$rounds"); do

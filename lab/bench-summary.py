@@ -1,7 +1,15 @@
 #!/usr/bin/env python3
-"""Medians, paired ratios and their 95 % intervals from lab/bench's raw BENCH lines."""
+"""Medians, paired ratios and their 95 % intervals from raw BENCH lines.
+
+lab-bench-summary RAW ROUNDS [OUT_STEM TOOL_A TOOL_B]: ratios are TOOL_A / TOOL_B (default
+rdmabench / perftest, written to results/bench-rxe.{json,md}). A BENCH line may carry its
+case's "goal" (the ratio to reach) and "better" ("lower" or "higher"); otherwise they
+follow from the case's name (latency: lower).
+"""
 import json, random, statistics, sys
 raw, rounds = sys.argv[1], int(sys.argv[2])
+stem = sys.argv[3] if len(sys.argv) > 3 else "results/bench-rxe"
+tool_a, tool_b = (sys.argv[4], sys.argv[5]) if len(sys.argv) > 5 else ("rdmabench", "perftest")
 def bootstrap_ci(xs, n=4000):
     """95 % percentile interval of the median of xs, by resampling (fixed seed: reproducible)."""
     rng = random.Random(7)
@@ -11,16 +19,17 @@ def bootstrap_ci(xs, n=4000):
 runs = [json.loads(l.split(" ", 1)[1]) for l in open(raw) if l.startswith("BENCH ")]
 cases = []
 for name in dict.fromkeys(r["case"] for r in runs):
-    vals = {t: [r["value"] for r in runs if r["case"] == name and r["tool"] == t] for t in ("rdmabench", "perftest")}
-    lat = "-lat" in name
+    vals = {t: [r["value"] for r in runs if r["case"] == name and r["tool"] == t] for t in (tool_a, tool_b)}
+    first = next(r for r in runs if r["case"] == name)
+    lat = first.get("better", "lower" if "-lat" in name else "higher") == "lower"
     med = {t: statistics.median(v) for t, v in vals.items()}
-    ratio = med["rdmabench"] / med["perftest"]
+    ratio = med[tool_a] / med[tool_b]
     # Each round's two runs share the guest's state of the moment (its runs drift between
     # modes under TCG), so the median of the per-round ratios is the robust comparison.
-    pairs = [a / b for a, b in zip(vals["rdmabench"], vals["perftest"])]
+    pairs = [a / b for a, b in zip(vals[tool_a], vals[tool_b])]
     paired = statistics.median(pairs)
     lo, hi = bootstrap_ci(pairs)
-    goal = 1.10 if "adaptive" in name else 1.00
+    goal = first.get("goal", 1.10 if "adaptive" in name else 1.00)
     target = f"<= {goal:.2f}" if lat else f">= {goal:.2f}"
     met = paired <= goal if lat else paired >= goal
     # Not met but the 95 % interval holds the goal: the runs cannot tell the two apart.
@@ -30,32 +39,41 @@ for name in dict.fromkeys(r["case"] for r in runs):
     cases.append({
         "case": name,
         "spread": spread,
-        "metric": ("p50 latency [usec] (perftest: t_typical)" if lat
+        "metric": first.get("metric") or (("p50 latency [usec] (perftest: t_typical)" if tool_b == "perftest" else "p50 latency [usec]") if lat
                    else "message rate [Mpps]" if "Mpps" in name else "average bandwidth [MB/sec]"),
         "rounds": rounds, "runs": vals, "median": med, "ratio": round(ratio, 4),
         "paired_ratio": round(paired, 4), "paired_ratio_ci95": [round(lo, 4), round(hi, 4)],
         "target": target, "met": met, "verdict": verdict,
     })
+if tool_b == "perftest":
+    what = "rdmabench vs perftest (each test against its twin)"
+    method = ("alternating runs (perftest first on odd rounds, rdmabench first on even), server pinned to CPU 0 and "
+              "client to CPU 1 for both tools")
+else:
+    what = f"{tool_a} vs {tool_b} (rdmabench's own tests, same sizes)"
+    method = (f"alternating runs ({tool_b} first on odd rounds, {tool_a} first on even), server pinned to CPU 0 and "
+              "client to CPU 1 for both")
 doc = {
-    "benchmark": "rdmabench vs perftest (each test against its twin), one rxe device on a veth pair in the lab guest (QEMU TCG)",
-    "method": "alternating runs (perftest first on odd rounds, rdmabench first on even), server pinned to CPU 0 and client to CPU 1 for both tools; ratio = median of rdmabench's runs / median of perftest's; paired ratio = median over rounds of (rdmabench run / perftest run of the same round), which the target is judged on",
+    "benchmark": f"{what}, one rxe device on a veth pair in the lab guest (QEMU TCG)",
+    "method": f"{method}; ratio = median of {tool_a}'s runs / median of {tool_b}'s; paired ratio = median over rounds of "
+              f"({tool_a} run / {tool_b} run of the same round), which the target is judged on",
     "rounds": rounds,
     "cases": cases,
 }
-json.dump(doc, open("results/bench-rxe.json", "w"), indent=2)
-lines = ["| case | metric | rdmabench median (min..max) | perftest median (min..max) | ratio of medians | paired ratio (95% CI) | target |",
+json.dump(doc, open(f"{stem}.json", "w"), indent=2)
+lines = [f"| case | metric | {tool_a} median (min..max) | {tool_b} median (min..max) | ratio of medians | paired ratio (95% CI) | target |",
          "|---|---|---|---|---|---|---|"]
 for c in cases:
-    r, p = c["spread"]["rdmabench"], c["spread"]["perftest"]
-    lines.append(f"| {c['case']} | {c['metric']} | {c['median']['rdmabench']:.2f} ({r['min']:.2f}..{r['max']:.2f}) | "
-                 f"{c['median']['perftest']:.2f} ({p['min']:.2f}..{p['max']:.2f}) | "
+    r, p = c["spread"][tool_a], c["spread"][tool_b]
+    lines.append(f"| {c['case']} | {c['metric']} | {c['median'][tool_a]:.2f} ({r['min']:.2f}..{r['max']:.2f}) | "
+                 f"{c['median'][tool_b]:.2f} ({p['min']:.2f}..{p['max']:.2f}) | "
                  f"{c['ratio']:.3f} | {c['paired_ratio']:.3f} ({c['paired_ratio_ci95'][0]:.3f}..{c['paired_ratio_ci95'][1]:.3f}) | "
                  f"{c['target']} {c['verdict']} |")
-open("results/bench-rxe.md", "w").write(
-    f"# rdmabench vs perftest on soft-RoCE (lab guest, {rounds} alternating rounds)\n\n"
-    "Latency: lower is better (ratio <= 1.00); bandwidth and message rate: higher is better (ratio >= 1.00).\n"
-    "The target is judged on the paired ratio: the median over rounds of rdmabench's run divided by perftest's run of\n"
+open(f"{stem}.md", "w").write(
+    f"# {what} on soft-RoCE (lab guest, {rounds} alternating rounds)\n\n"
+    "Latency: lower is better; bandwidth and message rate: higher is better. Each case's target is a ratio.\n"
+    f"The target is judged on the paired ratio: the median over rounds of {tool_a}'s run divided by {tool_b}'s run of\n"
     "the same round (the guest drifts between fast and slow modes under TCG; a round's two runs share its mode).\n"
     "The interval is a bootstrap 95 % interval of that median: 'within noise' means it holds the target, so these\n"
-    "runs cannot tell the tools apart; 'NOT met' means the whole interval is on the wrong side.\n\n" + "\n".join(lines) + "\n")
+    "runs cannot tell the two apart; 'NOT met' means the whole interval is on the wrong side.\n\n" + "\n".join(lines) + "\n")
 print("\n".join(lines))

@@ -170,10 +170,11 @@ impl TestSpec {
             rdma_cm: false,
             profile: None,
             corrupt_at: None,
-            ring: (operation == Operation::Ring).then_some(RingParams {
-                capacity: 1 << 20,
-                notify: Notify::Imm,
-                batch: if measure == Measure::Latency { 1 } else { 16 },
+            // ring-lat polls like write-lat (which spins on the last byte, as perftest
+            // does): the same placement-order assumption, documented in `crate::ring`.
+            ring: (operation == Operation::Ring).then_some(match measure {
+                Measure::Latency => RingParams { capacity: 1 << 20, notify: Notify::Poll, batch: 1 },
+                Measure::Bandwidth => RingParams { capacity: 1 << 20, notify: Notify::Imm, batch: 16 },
             }),
         }
     }

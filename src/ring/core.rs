@@ -5,20 +5,23 @@
 //!
 //! Positions are byte counts since the ring started (`u64`, never wrapping); a position's
 //! offset in the ring is `pos & (capacity - 1)`. A record is
-//! `[len: u32][tag: u32][seq: u64] payload [padding] [seq: u64]`, `ALIGN`-aligned, never
-//! straddling the end: a record that would is preceded by a pad record filling the rest of
-//! the ring. `seq` counts records (pads included) from 1, so zeroed memory never matches;
-//! `tag` is the kind (data or pad) mixed with `seq` and `len`, so stale bytes of an older
-//! lap do not pass for a header by accident.
+//! `[len: u32][tag: u32] payload [padding] [check: u64]`, `ALIGN`-aligned, never straddling
+//! the end: a record that would is preceded by a pad record filling the rest of the ring.
+//! Records are numbered (`seq`, pads included) from 1; the number is not stored but mixed
+//! into the tag (with the kind, data or pad, and the length) and into the 64-bit check, so
+//! zeroed memory and stale bytes of an older lap do not pass for the record the consumer
+//! expects. The header is 8 bytes and the alignment 16 so a small record costs little on
+//! the wire (a 64-byte payload travels as 80 bytes).
 
 use std::collections::VecDeque;
 
 /// Header bytes before a record's payload.
-pub const HEADER: u64 = 16;
-/// The trailing copy of the sequence number, the last 8 bytes of a record's span.
+pub const HEADER: u64 = 8;
+/// The check word, the last 8 bytes of a record's span.
 pub const TRAILER: u64 = 8;
-/// Records start at multiples of this; the space left before the end is always one.
-pub const ALIGN: u64 = 32;
+/// Records start at multiples of this; the space left before the end is always one, and
+/// holds at least an empty pad record (header and check).
+pub const ALIGN: u64 = 16;
 /// Smallest ring: room for one aligned record and a pad.
 pub const MIN_CAPACITY: u64 = 4096;
 /// Largest ring: positions travel as 32-bit numbers, whose differences must stay unambiguous.
@@ -27,10 +30,19 @@ pub const MAX_CAPACITY: u64 = 1 << 30;
 const KIND_DATA: u32 = 1;
 const KIND_PAD: u32 = 2;
 
+fn mix(seq: u64, len: u32) -> u64 {
+    (seq ^ (u64::from(len) << 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
 /// The header's tag for a record `kind` with this `seq` and `len`.
 fn tag(kind: u32, seq: u64, len: u32) -> u32 {
-    let mixed = (seq ^ (u64::from(len) << 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    kind ^ (mixed >> 32) as u32
+    kind ^ (mix(seq, len) >> 32) as u32
+}
+
+/// The record's last word: `seq`, `len` and `kind` mixed again (differently from the tag).
+fn check_word(kind: u32, seq: u64, len: u32) -> u64 {
+    let m = mix(seq, len) ^ u64::from(kind).rotate_left(17);
+    (m ^ (m >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9) | 1
 }
 
 /// Bytes a record of `len` payload bytes occupies in the ring.
@@ -232,7 +244,7 @@ impl ProducerCore {
     }
 
     /// Commits the reservation: writes the pad (if any) and the record's header and
-    /// trailer into `ring` (the staging ring); returns the record's sequence number.
+    /// check word into `ring` (the staging ring); returns the record's sequence number.
     pub fn commit(&mut self, ring: &RingMem) -> u64 {
         let r = self.reserved.take().expect("commit without a reservation");
         if let Some(at) = r.pad_at {
@@ -249,10 +261,9 @@ impl ProducerCore {
         let off = pos & (self.capacity - 1);
         let seq = self.next_seq;
         self.next_seq += 1;
-        ring.store_u32(off, len as u32);
-        ring.store_u32(off + 4, tag(kind, seq, len as u32));
-        ring.store_u64(off + 8, seq);
-        ring.store_u64(off + span - TRAILER, seq);
+        let header = u64::from(len as u32) | (u64::from(tag(kind, seq, len as u32)) << 32);
+        ring.store_u64(off, header);
+        ring.store_u64(off + span - TRAILER, check_word(kind, seq, len as u32));
         seq
     }
 
@@ -339,7 +350,7 @@ impl ConsumerCore {
 
     /// Parses the next record in `ring`, if it has arrived. `landed`: with notifications
     /// (`imm`), the position up to which data is known to be in memory (records before it
-    /// must be complete); without (`poll`), `None`: the record's two sequence stamps say
+    /// must be complete); without (`poll`), `None`: the record's header and check word say
     /// whether it has fully landed. Pads are skipped (and released) here.
     pub fn next(&mut self, ring: &RingMem, landed: Option<u64>) -> Result<Option<RecordRef>, String> {
         loop {
@@ -347,35 +358,30 @@ impl ConsumerCore {
                 return Ok(None);
             }
             let off = self.read & (self.capacity - 1);
-            let seq = ring.load_u64(off + 8);
-            if seq != self.next_seq {
-                if landed.is_none() {
-                    return Ok(None); // not arrived yet
-                }
-                return Err(format!(
-                    "record {} at offset {off}: header says sequence {seq} though the producer announced it",
-                    self.next_seq
-                ));
-            }
-            let len32 = ring.load_u32(off);
-            let kind = ring.load_u32(off + 4) ^ tag(0, seq, len32);
+            let seq = self.next_seq;
+            // One 8-byte read: length and tag from the same write.
+            let header = ring.load_u64(off);
+            let len32 = header as u32;
+            let kind = (header >> 32) as u32 ^ tag(0, seq, len32);
             let len = u64::from(len32);
             let to_end = self.capacity - off;
             let sp = span(len);
-            if sp > to_end || !(kind == KIND_DATA || kind == KIND_PAD) {
+            if !(kind == KIND_DATA || kind == KIND_PAD) || sp > to_end {
+                if landed.is_none() {
+                    return Ok(None); // not arrived yet (what is there is older)
+                }
                 return Err(format!(
-                    "record {} at offset {off}: kind {kind}, length {len} does not fit the {to_end} bytes to the \
-                     end of the ring",
-                    self.next_seq
+                    "record {seq} at offset {off}: the header (length {len}, kind {kind}) is not the record the \
+                     producer announced"
                 ));
             }
-            if ring.load_u64(off + sp - TRAILER) != seq {
+            if ring.load_u64(off + sp - TRAILER) != check_word(kind, seq, len32) {
                 if landed.is_none() {
                     return Ok(None); // header landed, the rest of the record not yet
                 }
-                return Err(format!("record {seq} at offset {off}: its trailer does not match its header"));
+                return Err(format!("record {seq} at offset {off}: its check word does not match its header"));
             }
-            // The stamps matched: the payload before them is in memory too.
+            // Header and check matched: the payload between them is in memory too.
             std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
             let pos = self.read;
             self.read += sp;

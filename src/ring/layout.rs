@@ -14,7 +14,7 @@ pub enum Notify {
     /// RDMA WRITE with immediate: one receive completion per write.
     #[default]
     Imm,
-    /// The consumer polls the records' sequence stamps (see the module docs for the
+    /// The consumer polls the records' numbered header and check word (see the module docs for the
     /// ordering this relies on).
     Poll,
 }

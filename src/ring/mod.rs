@@ -15,10 +15,10 @@
 //! Arrival is announced one of two ways ([`Notify`]):
 //! - `Imm`: each write carries an immediate (the producer's end position) and consumes one
 //!   of the consumer's posted receives; receive credits travel in the credit word too.
-//! - `Poll`: the consumer polls each record's sequence stamps (header and trailer). This
-//!   relies on the NIC placing the bytes of one RDMA WRITE in increasing address order and
-//!   the WRITEs of one RC QP in order, so that a record's trailer is the last of its bytes
-//!   to become visible. That holds for rxe (which copies in order) and is what perftest's
+//! - `Poll`: the consumer polls the next record's header and its last word, both of which
+//!   carry the record's number (see `core`). This relies on the NIC placing the bytes of one
+//!   RDMA WRITE in increasing address order and the WRITEs of one RC QP in order, so that a
+//!   record's last word is the last of its bytes to become visible. That holds for rxe (which copies in order) and is what perftest's
 //!   `ib_write_lat` relies on for its last byte; the InfiniBand specification does not
 //!   promise it. Where in doubt, use `Imm`, whose completion guarantees placement.
 //!

@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
-use super::core::{ConsumerCore, NoRoom, ProducerCore, Range, RecordRef, Reserved, RingMem};
+use super::core::{ConsumerCore, NoRoom, ProducerCore, RecordRef, Reserved, RingMem};
 use super::layout::{Notify, RingConfig, RingLayout, SLOT};
 use crate::bench::link::Link;
 use crate::bench::wait::{SendWindow, Woke, spin_until};
@@ -122,6 +122,8 @@ pub struct Sender<L: Borrow<Link>> {
     layout: RingLayout,
     notify: Notify,
     batch: u64,
+    /// Unsent bytes that make a write on their own (an eighth of the ring).
+    flush_bytes: u64,
     rx_depth: u32,
     window: SendWindow,
     staging: RingMem,
@@ -165,6 +167,7 @@ impl<L: Borrow<Link>> Sender<L> {
             layout,
             notify: config.notify,
             batch: u64::from(config.batch.max(1)),
+            flush_bytes: config.capacity / 8,
             rx_depth: config.rx_depth,
             window: SendWindow::new(config.tx_depth, (config.tx_depth / 2).max(1)),
             staging,
@@ -215,7 +218,8 @@ impl<L: Borrow<Link>> Sender<L> {
     /// `wait`: `None` blocks up to the session deadline (running out is the peer's fault:
     /// an error); `Some` gives up quietly after that long.
     fn find_room(&mut self, chan: &mut Channel, len: usize, wait: Option<u64>) -> Result<Option<Reserved>> {
-        let start = self.clock.now();
+        // The clock is read only once the ring is full: the common path costs no read.
+        let mut start = None;
         loop {
             self.read_credit(chan)?;
             match self.core.reserve(len as u64, &self.staging) {
@@ -235,10 +239,12 @@ impl<L: Borrow<Link>> Sender<L> {
             self.ask_for_credit(chan)?;
             let left = match wait {
                 None => None,
-                Some(w) => match w.checked_sub(self.clock.nanos(start, self.clock.now())) {
-                    Some(l) if l > 0 => Some(l),
-                    _ => return Ok(None),
-                },
+                Some(w) => {
+                    match w.checked_sub(self.clock.nanos(*start.get_or_insert(self.clock.now()), self.clock.now())) {
+                        Some(l) if l > 0 => Some(l),
+                        _ => return Ok(None),
+                    }
+                }
             };
             if !self.wait_for_credit(chan, left)? {
                 return Ok(None);
@@ -304,7 +310,10 @@ impl<L: Borrow<Link>> Sender<L> {
     fn commit_reserved(&mut self, chan: &mut Channel) -> Result<u64> {
         let seq = self.core.commit(&self.staging);
         self.records += 1;
-        if self.core.unsent_records() >= self.batch {
+        // Large records go out before `batch` of them gather: a write waits for all of
+        // its bytes, and the consumer can release nothing of it meanwhile.
+        let unsent_bytes = self.core.committed() - self.core.sent();
+        if self.core.unsent_records() >= self.batch || unsent_bytes >= self.flush_bytes {
             self.flush(chan)?;
         }
         Ok(seq)
@@ -328,11 +337,11 @@ impl<L: Borrow<Link>> Sender<L> {
             }
         }
         let (ranges, end) = self.core.take_unsent();
-        let ranges: Vec<Range> = ranges.into_iter().flatten().collect();
         let link: &Link = self.link.borrow();
-        for (k, r) in ranges.iter().enumerate() {
+        let last = if ranges[1].is_some() { 1 } else { 0 };
+        for (k, r) in ranges.iter().enumerate().filter_map(|(k, r)| r.map(|r| (k, r))) {
             self.window.wait_for_room(link, &self.clock, chan, self.timeout_ns)?;
-            let imm = (k + 1 == ranges.len() && self.notify == Notify::Imm).then_some(end as u32);
+            let imm = (k == last && self.notify == Notify::Imm).then_some(end as u32);
             let mut req = SendRequest::write(
                 &link.buf,
                 (self.layout.tx + r.offset) as usize,
@@ -412,6 +421,9 @@ impl<L: Borrow<Link>> Drop for Reservation<'_, L> {
     }
 }
 
+/// Empty polls between looks at whether credit is owed.
+const IDLE_POLLS_PER_PUBLISH: u32 = 16;
+
 /// The consuming end on a link. Records are borrowed slices of the registered ring;
 /// several may be held at once and released in any order.
 pub struct Receiver<L: Borrow<Link>> {
@@ -441,6 +453,7 @@ struct ReceiverState {
     rx_depth: u32,
     answered: u32,
     small: SmallWrite,
+    idle_polls: u32,
     /// The credit word last published.
     published: u64,
     records: u64,
@@ -478,6 +491,7 @@ impl<L: Borrow<Link>> Receiver<L> {
             rx_depth: config.rx_depth,
             answered: 0,
             small: SmallWrite { layout, count: 0 },
+            idle_polls: 0,
             published: 0,
             records: 0,
         };
@@ -558,7 +572,12 @@ impl<L: Borrow<Link>> Receiver<L> {
                 Ok(Some(r))
             }
             Ok(None) => {
-                self.publish_if_due(link, st)?;
+                // Waiting: credit owed goes back now and then (a blocked producer asks and
+                // waits microseconds, a spinning consumer looks millions of times a second).
+                st.idle_polls = st.idle_polls.wrapping_add(1);
+                if st.idle_polls.is_multiple_of(IDLE_POLLS_PER_PUBLISH) {
+                    self.publish_if_due(link, st)?;
+                }
                 Ok(None)
             }
             Err(e) => Err(Error::Check(format!("the ring from {}: {e}", self.peer))),

@@ -1,0 +1,29 @@
+# Sourced by the lab benchmark scripts (inside the guest): where things are, CPU pinning,
+# and one rdmabench run that prints a "BENCH {json}" line.
+bin=${RDMABENCH_BIN:-target/release/rdmabench}
+addr=${RDMABENCH_LAB_ADDR:-10.77.0.1}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# Both tools run pinned the same way (server on one CPU, client on the other): where the
+# scheduler puts the two spinning processes otherwise swings latency by 40 % under TCG.
+ncpu=$(nproc)
+server_cpu=0
+client_cpu=$(( ncpu > 1 ? 1 : 0 ))
+
+run_ours() { # name test args metric scale [tool label] [more JSON fields of the BENCH line]
+  local name=$1 test=$2 args=$3 metric=$4 scale=$5 label=${6:-rdmabench} more=${7:+,$7}
+  taskset -c "$server_cpu" "$bin" "$test" -p 18516 > "$tmp/os.out" 2>&1 &
+  local srv=$!
+  # shellcheck disable=SC2086
+  timeout 120 taskset -c "$client_cpu" "$bin" "$test" -p 18516 --connect-timeout 10 $args --json - "$addr" \
+    > "$tmp/oc.json" 2> "$tmp/oc.err" || true
+  wait "$srv" || true
+  local v
+  v=$(python3 -c "
+import json
+r = json.load(open('$tmp/oc.json'))['results'][0]
+a, b = '$metric'.split('.')
+print(r[a][b] * $scale)" 2>/dev/null) || { echo "rdmabench $test failed: $(tail -2 "$tmp/oc.err")"; return; }
+  echo "BENCH {\"case\":\"$name\",\"tool\":\"$label\",\"value\":$v$more}"
+}
+
