@@ -217,10 +217,11 @@ pub fn latency_server(runs: &[SizeRun], chan: &mut Channel) -> Result<EchoOutcom
         if data_error.is_none() {
             data_error = check(spec, &ping, i);
         }
-        ping.release()?;
         let mut slot = tx.reserve(chan, size as usize)?;
         fill(spec, &mut slot, i, false);
         slot.commit()?;
+        // Released after the echo is on its way: returning credit is not the client's wait.
+        ping.release()?;
         i += 1;
     }
 }

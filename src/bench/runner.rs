@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use crate::bench::link::{Prepared, Role, SizeRun, hostname};
+use crate::bench::link::{Prepared, Role, SizeRun};
 use crate::bench::spec::{Measure, Operation, TestSpec, Transport};
 use crate::bench::{bandwidth, latency, ring};
 use crate::error::{Error, Result};
@@ -14,8 +14,7 @@ use crate::report::histogram::SizeHistogram;
 use crate::report::json::{self, Document};
 use crate::report::table::{self, Units};
 use crate::report::{LatencyResult, RunResult, SizeResult};
-use crate::session::proto::{self, MAGIC};
-use crate::session::{Channel, Message, PROTOCOL_VERSION};
+use crate::session::{Channel, Message, handshake};
 use crate::stats::Clock;
 use crate::stats::cpu::CpuMeter;
 use crate::verbs::DeviceSelection;
@@ -61,19 +60,7 @@ pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResul
     }
     let prepared = Prepared::new(spec, &opts.selection)?;
     let mut chan = Channel::connect(host, opts.tcp_port, opts.connect_timeout, opts.timeout)?;
-    chan.send(&Message::Hello {
-        magic: MAGIC.into(),
-        version: PROTOCOL_VERSION,
-        tool_version: env!("CARGO_PKG_VERSION").into(),
-        node: hostname(),
-        spec: Box::new(spec.clone()),
-    })?;
-    let welcome = chan.recv("the server's welcome")?;
-    if let Message::Welcome { node, .. } = &welcome {
-        let node = node.clone();
-        chan.name_peer(&node);
-    }
-    proto::check_welcome(welcome)?;
+    handshake::open(&mut chan, spec)?;
     let address = format!("{host}:{}", opts.tcp_port);
     let links = prepared.connect(Role::Client, spec, &mut chan)?;
     let env = links[0].environment(&address);
@@ -285,22 +272,7 @@ pub fn finish_workload(host: &str, opts: &RunOptions) -> Result<()> {
 }
 
 fn serve(mut chan: Channel, hello: Message, opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult> {
-    let spec = match proto::check_hello(&hello).and_then(|s| s.check().map(|_| s.clone())) {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = chan.send(&Message::Refuse { code: e.exit_code(), message: e.message() });
-            return Err(e);
-        }
-    };
-    if let Message::Hello { node, .. } = &hello {
-        let node = node.clone();
-        chan.name_peer(&node);
-    }
-    chan.send(&Message::Welcome {
-        version: PROTOCOL_VERSION,
-        tool_version: env!("CARGO_PKG_VERSION").into(),
-        node: hostname(),
-    })?;
+    let spec = handshake::answer(&mut chan, &hello, |s| s.check().map(|_| s.clone()))?;
     let mut out = opts.table_out();
     if !local_test_flags.is_empty() {
         writeln!(

@@ -172,7 +172,24 @@ impl SendWindow {
 
     /// Waits until there is room for one more request.
     pub fn wait_for_room(&mut self, link: &Link, clock: &Clock, chan: &mut Channel, timeout_ns: u64) -> Result<()> {
-        while !self.has_room() {
+        self.reap_while(link, clock, chan, timeout_ns, |w| !w.has_room())
+    }
+
+    /// Waits until every request posted has completed (the last one must be signalled).
+    pub fn wait_until_empty(&mut self, link: &Link, clock: &Clock, chan: &mut Channel, timeout_ns: u64) -> Result<()> {
+        self.reap_while(link, clock, chan, timeout_ns, |w| w.outstanding > 0)
+    }
+
+    /// Reaps completions while `busy` holds, up to the deadline and watching the peer.
+    fn reap_while(
+        &mut self,
+        link: &Link,
+        clock: &Clock,
+        chan: &mut Channel,
+        timeout_ns: u64,
+        busy: impl Fn(&SendWindow) -> bool,
+    ) -> Result<()> {
+        while busy(self) {
             let mut err = None;
             let peer = chan.peer().to_string();
             let cq = Some((&link.qp, CqKind::Send));

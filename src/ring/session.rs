@@ -7,13 +7,11 @@ use std::time::Duration;
 
 use super::layout::RingConfig;
 use super::transport::{Receiver, Record, Reservation, Sender};
-use crate::bench::link::Link;
-use crate::bench::link::{Prepared, Role, hostname};
+use crate::bench::link::{Link, Prepared, Role};
 use crate::bench::spec::{Measure, Operation};
 use crate::bench::wait::Woke;
 use crate::error::{Error, Result};
-use crate::session::proto::{self, MAGIC, PROTOCOL_VERSION};
-use crate::session::{Channel, Message};
+use crate::session::{Channel, Message, handshake};
 use crate::verbs::DeviceSelection;
 
 /// The producing end of a ring, with its own connection (see the module docs).
@@ -45,19 +43,7 @@ impl Producer {
         let spec = config.to_spec(Measure::Bandwidth);
         let prepared = Prepared::new(&spec, device)?;
         let mut chan = Channel::connect(host, port, timeout, timeout)?;
-        chan.send(&Message::Hello {
-            magic: MAGIC.into(),
-            version: PROTOCOL_VERSION,
-            tool_version: env!("CARGO_PKG_VERSION").into(),
-            node: hostname(),
-            spec: Box::new(spec.clone()),
-        })?;
-        let welcome = chan.recv("the consumer's welcome")?;
-        if let Message::Welcome { node, .. } = &welcome {
-            let node = node.clone();
-            chan.name_peer(&node);
-        }
-        proto::check_welcome(welcome)?;
+        handshake::open(&mut chan, &spec)?;
         let link = prepared.connect(Role::Client, &spec, &mut chan)?.remove(0);
         match chan.recv("the consumer to post its receives")? {
             Message::Ready { .. } => {}
@@ -113,28 +99,12 @@ impl Consumer {
     pub fn accept(port: u16, device: &DeviceSelection, timeout: Duration) -> Result<Consumer> {
         let mut chan = Channel::accept(port, timeout, timeout)?;
         let hello = chan.recv("the producer's hello")?;
-        let checked = proto::check_hello(&hello).and_then(|s| {
+        let (spec, config) = handshake::answer(&mut chan, &hello, |s| {
             s.check()?;
             match (s.operation, RingConfig::from_spec(s)) {
                 (Operation::Ring, Some(c)) => Ok((s.clone(), c)),
                 _ => Err(Error::Usage(format!("the peer asked for a {} test, not a ring", s.name()))),
             }
-        });
-        let (spec, config) = match checked {
-            Ok(x) => x,
-            Err(e) => {
-                let _ = chan.send(&Message::Refuse { code: e.exit_code(), message: e.message() });
-                return Err(e);
-            }
-        };
-        if let Message::Hello { node, .. } = &hello {
-            let node = node.clone();
-            chan.name_peer(&node);
-        }
-        chan.send(&Message::Welcome {
-            version: PROTOCOL_VERSION,
-            tool_version: env!("CARGO_PKG_VERSION").into(),
-            node: hostname(),
         })?;
         let prepared = Prepared::new(&spec, device).inspect_err(|e| chan.abort(e))?;
         let link = prepared.connect(Role::Server, &spec, &mut chan)?.remove(0);

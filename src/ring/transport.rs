@@ -92,27 +92,7 @@ fn settle(
         window.wait_for_room(link, clock, chan, timeout_ns)?;
         resend(window)?;
     }
-    while window.outstanding() > 0 {
-        // `wait_for_room` of a full window waits for completions; drive it one at a time.
-        let peer = chan.peer().to_string();
-        let mut err = None;
-        let woke = spin_until(clock, chan, timeout_ns, "the last writes to complete", None, || {
-            match window.reap(link, &peer) {
-                Ok(n) => n > 0 || window.outstanding() == 0,
-                Err(e) => {
-                    err = Some(e);
-                    true
-                }
-            }
-        })?;
-        if let Some(e) = err {
-            return Err(e);
-        }
-        if let Woke::Peer(m) = woke {
-            return Err(Error::Peer(format!("{peer} sent {} while this side finished its writes", m.kind())));
-        }
-    }
-    Ok(())
+    window.wait_until_empty(link, clock, chan, timeout_ns)
 }
 
 /// The producing end on a link.

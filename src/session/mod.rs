@@ -4,6 +4,7 @@
 
 pub mod channel;
 pub mod frame;
+pub mod handshake;
 pub mod proto;
 
 pub use channel::{Channel, PeerPoll};
