@@ -224,7 +224,8 @@ pub struct TestArgs {
     /// Fault injection for tests: corrupt one byte of message N (needs --validate-data).
     #[arg(long = "inject-corruption", hide = true, value_name = "N")]
     pub corrupt_at: Option<u64>,
-    /// Ring tests: bytes of the ring, a power of two from 4K to 1G (default 1M).
+    /// Ring tests: bytes of the ring, a power of two from 4K to 1G (default 1M for ring-bw,
+    /// 64K for ring-lat).
     #[arg(long, value_parser = parse_bytes, value_name = "BYTES")]
     pub capacity: Option<u64>,
     /// Ring tests: committed records coalesced into one RDMA WRITE at most
@@ -657,6 +658,21 @@ mod tests {
     fn test_args(args: &[&str]) -> TestArgs {
         let cli = parse(args).unwrap();
         cli.command.test().expect("a test subcommand").2.clone()
+    }
+
+    #[test]
+    fn ring_tests_have_their_own_defaults_and_flags() {
+        let bw = test_args(&["ring-bw"]).spec(Operation::Ring, Measure::Bandwidth);
+        assert_eq!(bw.ring, Some(RingParams { capacity: 1 << 20, notify: Notify::Imm, batch: 16 }));
+        let lat = test_args(&["ring-lat"]).spec(Operation::Ring, Measure::Latency);
+        assert_eq!(lat.ring, Some(RingParams { capacity: 64 << 10, notify: Notify::Poll, batch: 1 }));
+        bw.check().unwrap();
+        lat.check().unwrap();
+        let set = test_args(&["ring-bw", "--capacity", "4M", "--notify", "poll", "--batch", "4"])
+            .spec(Operation::Ring, Measure::Bandwidth);
+        assert_eq!(set.ring, Some(RingParams { capacity: 4 << 20, notify: Notify::Poll, batch: 4 }));
+        let server = test_args(&["ring-bw", "--capacity", "4M"]);
+        assert_eq!(server.test_flags_given(), vec!["--capacity"], "a server ignores the client's ring flags");
     }
 
     #[test]
