@@ -401,9 +401,6 @@ impl<L: Borrow<Link>> Drop for Reservation<'_, L> {
     }
 }
 
-/// Empty polls between looks at whether credit is owed.
-const IDLE_POLLS_PER_PUBLISH: u32 = 16;
-
 /// The consuming end on a link. Records are borrowed slices of the registered ring;
 /// several may be held at once and released in any order.
 pub struct Receiver<L: Borrow<Link>> {
@@ -433,7 +430,6 @@ struct ReceiverState {
     rx_depth: u32,
     answered: u32,
     small: SmallWrite,
-    idle_polls: u32,
     /// The credit word last published.
     published: u64,
     records: u64,
@@ -471,7 +467,6 @@ impl<L: Borrow<Link>> Receiver<L> {
             rx_depth: config.rx_depth,
             answered: 0,
             small: SmallWrite { layout, count: 0 },
-            idle_polls: 0,
             published: 0,
             records: 0,
         };
@@ -552,12 +547,9 @@ impl<L: Borrow<Link>> Receiver<L> {
                 Ok(Some(r))
             }
             Ok(None) => {
-                // Waiting: credit owed goes back now and then (a blocked producer asks and
-                // waits microseconds, a spinning consumer looks millions of times a second).
-                st.idle_polls = st.idle_polls.wrapping_add(1);
-                if st.idle_polls.is_multiple_of(IDLE_POLLS_PER_PUBLISH) {
-                    self.publish_if_due(link, st)?;
-                }
+                // Caught up with everything that landed: now a producer's request is
+                // answered with whatever was released.
+                self.publish_if_due(link, st, true)?;
                 Ok(None)
             }
             Err(e) => Err(Error::Check(format!("the ring from {}: {e}", self.peer))),
@@ -565,10 +557,13 @@ impl<L: Borrow<Link>> Receiver<L> {
     }
 
     /// Publishes credit when a quarter of the ring (or half the receives) waits to be
-    /// returned, or when the producer asked and there is something to give.
-    fn publish_if_due(&self, link: &Link, st: &mut ReceiverState) -> Result<()> {
+    /// returned, or when the producer asked, there is something to give and this side is
+    /// `caught_up` (nothing more has landed). Answering only then keeps a blocked producer
+    /// from being fed one record at a time, a request and an answer per record, while
+    /// the records it already sent are still being read.
+    fn publish_if_due(&self, link: &Link, st: &mut ReceiverState, caught_up: bool) -> Result<()> {
         let request = self.request_in.load_u32(0);
-        let asked = request != st.answered;
+        let asked = caught_up && request != st.answered;
         self.publish(link, st, request, asked)
     }
 
@@ -617,7 +612,7 @@ impl<L: Borrow<Link>> Receiver<L> {
         let link: &Link = self.link.borrow();
         let mut st = self.state.borrow_mut();
         st.core.release(rec.pos);
-        self.publish_if_due(link, &mut st)
+        self.publish_if_due(link, &mut st, false)
     }
 }
 
