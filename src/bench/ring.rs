@@ -12,6 +12,7 @@
 //! may write, and both ends `settle` (every write of theirs completed) before the size
 //! ends, so nothing of one size lands in the next.
 
+use std::borrow::Borrow;
 use std::time::Duration;
 
 use crate::bench::bandwidth::BandwidthRun;
@@ -21,7 +22,7 @@ use crate::bench::pattern;
 use crate::bench::spec::TestSpec;
 use crate::bench::wait::Woke;
 use crate::error::{Error, Result};
-use crate::ring::{Receiver, RingConfig, RingLayout, Sender};
+use crate::ring::{Receiver, Record, RingConfig, RingLayout, Sender};
 use crate::session::{Channel, Message};
 use crate::stats::{LatencyRecorder, PeakMeter, ThroughputSummary};
 
@@ -104,8 +105,7 @@ pub fn bandwidth_client(run: &SizeRun, chan: &mut Channel) -> Result<BandwidthRu
     tx.drain(chan)?;
     let elapsed = clock.nanos(start, clock.now());
     tx.settle(chan)?;
-    let n = i;
-    Ok(BandwidthRun { summary: ThroughputSummary::new(size, n, elapsed, peak.peak_msgs_per_sec()), iterations: n })
+    Ok(BandwidthRun { summary: ThroughputSummary::new(size, i, elapsed, peak.peak_msgs_per_sec()), iterations: i })
 }
 
 /// `ring-bw`, consuming side: reads every record in place until the producer's `Done`.
@@ -116,18 +116,16 @@ pub fn bandwidth_server(run: &SizeRun, chan: &mut Channel) -> Result<(u64, Optio
     let mut data_error = None;
     let mut i = 0u64;
     loop {
-        let (record, woke) = rx.recv(chan, None)?;
-        if let Some(record) = record {
-            if data_error.is_none() {
-                data_error = check(spec, &record, i);
+        match next_record(&rx, chan)? {
+            Ok(record) => {
+                if data_error.is_none() {
+                    data_error = check(spec, &record, i);
+                }
+                record.release()?;
+                i += 1;
             }
-            record.release()?;
-            i += 1;
-            continue;
-        }
-        match woke {
             // The producer says so only once every record was released: all were read.
-            Woke::Peer(Message::Done { size: s, iterations, .. }) if s == size => {
+            Err(Message::Done { size: s, iterations, .. }) if s == size => {
                 rx.settle(chan)?;
                 if iterations != i {
                     return Err(Error::Check(format!(
@@ -136,9 +134,21 @@ pub fn bandwidth_server(run: &SizeRun, chan: &mut Channel) -> Result<(u64, Optio
                 }
                 return Ok((i, data_error, None));
             }
-            Woke::Peer(m) => return Err(in_the_middle(chan, &m)),
-            Woke::Ready => unreachable!("a wait without a limit ends with a record or a message"),
+            Err(m) => return Err(in_the_middle(chan, &m)),
         }
+    }
+}
+
+/// The next record, or the control message the peer sent instead: a wait without a
+/// limit ends with one or the other (or an error after the session deadline).
+fn next_record<'c, L: Borrow<Link>>(
+    rx: &'c Receiver<L>,
+    chan: &mut Channel,
+) -> Result<std::result::Result<Record<'c, L>, Message>> {
+    match rx.recv(chan, None)? {
+        (Some(record), _) => Ok(Ok(record)),
+        (None, Woke::Peer(m)) => Ok(Err(m)),
+        (None, Woke::Ready) => unreachable!("a wait without a limit ends with a record or a message"),
     }
 }
 
@@ -161,14 +171,9 @@ pub fn latency_client(runs: &[SizeRun], chan: &mut Channel) -> Result<LatencyRun
         let mut slot = tx.reserve(chan, size as usize)?;
         fill(spec, &mut slot, i, true);
         slot.commit()?;
-        let (echo, woke) = rx.recv(chan, None)?;
+        let echo = next_record(&rx, chan)?;
         let t1 = clock.now();
-        let Some(echo) = echo else {
-            return Err(match woke {
-                Woke::Peer(m) => in_the_middle(chan, &m),
-                Woke::Ready => unreachable!("a wait without a limit ends with a record or a message"),
-            });
-        };
+        let echo = echo.map_err(|m| in_the_middle(chan, &m))?;
         recorder.record(clock.nanos(t0, t1));
         if let Some(e) = check(spec, &echo, i) {
             return Err(Error::Check(format!("{e} (echoed by {})", chan.peer())));
@@ -196,23 +201,20 @@ pub fn latency_server(runs: &[SizeRun], chan: &mut Channel) -> Result<EchoOutcom
     let mut data_error = None;
     let mut i = 0u64;
     loop {
-        let (ping, woke) = rx.recv(chan, None)?;
-        let Some(ping) = ping else {
-            return match woke {
-                Woke::Peer(Message::Done { size: s, iterations, .. }) if s == size => {
-                    tx.drain(chan)?;
-                    tx.settle(chan)?;
-                    rx.settle(chan)?;
-                    if iterations != i {
-                        return Err(Error::Check(format!(
-                            "the client reports {iterations} iterations at {size} B but this side answered {i}"
-                        )));
-                    }
-                    Ok(EchoOutcome { iterations: i, data_error })
+        let ping = match next_record(&rx, chan)? {
+            Ok(ping) => ping,
+            Err(Message::Done { size: s, iterations, .. }) if s == size => {
+                tx.drain(chan)?;
+                tx.settle(chan)?;
+                rx.settle(chan)?;
+                if iterations != i {
+                    return Err(Error::Check(format!(
+                        "the client reports {iterations} iterations at {size} B but this side answered {i}"
+                    )));
                 }
-                Woke::Peer(m) => Err(in_the_middle(chan, &m)),
-                Woke::Ready => unreachable!("a wait without a limit ends with a record or a message"),
-            };
+                return Ok(EchoOutcome { iterations: i, data_error });
+            }
+            Err(m) => return Err(in_the_middle(chan, &m)),
         };
         if data_error.is_none() {
             data_error = check(spec, &ping, i);

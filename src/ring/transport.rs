@@ -114,11 +114,10 @@ pub struct Sender<L: Borrow<Link>> {
     window: SendWindow,
     staging: RingMem,
     credit_in: RingMem,
-    /// Writes with immediate posted, and receives the consumer has reposted (its credit
-    /// word), both modulo 2^32.
+    /// Writes with immediate posted, modulo 2^32.
     imm_sent: u32,
-    recv_credit: u32,
-    /// The credit word as `read_credit` last took it.
+    /// The credit word as `read_credit` last took it: the consumer's released position
+    /// and the receives it has reposted (modulo 2^32).
     credit_seen: (u32, u32),
     requests: u32,
     /// What the credit word said when the last request went out: ask again only after it
@@ -166,7 +165,6 @@ impl<L: Borrow<Link>> Sender<L> {
             staging,
             credit_in,
             imm_sent: 0,
-            recv_credit: 0,
             credit_seen: (0, 0),
             requests: 0,
             asked_at: None,
@@ -248,13 +246,12 @@ impl<L: Borrow<Link>> Sender<L> {
     /// Takes the consumer's credit word (released position, receives reposted).
     fn read_credit(&mut self, chan: &Channel) -> Result<()> {
         let pos = self.credit_in.load_u32(0);
-        self.recv_credit = self.credit_in.load_u32(4);
-        self.credit_seen = (pos, self.recv_credit);
+        self.credit_seen = (pos, self.credit_in.load_u32(4));
         self.core.on_credit(pos).map(|_| ()).map_err(|e| Error::Peer(format!("{}: {e}", chan.peer())))
     }
 
     fn ask_for_credit(&mut self, chan: &mut Channel) -> Result<()> {
-        let now = (self.core.released(), self.recv_credit);
+        let now = (self.core.released(), self.credit_seen.1);
         if self.asked_at == Some(now) {
             return Ok(());
         }
@@ -320,14 +317,7 @@ impl<L: Borrow<Link>> Sender<L> {
         }
         if self.notify == Notify::Imm {
             // A write with immediate needs a receive posted at the consumer.
-            loop {
-                self.read_credit(chan)?;
-                if self.imm_sent.wrapping_sub(self.recv_credit) < self.rx_depth {
-                    break;
-                }
-                self.ask_for_credit(chan)?;
-                self.wait_for_credit(chan, None)?;
-            }
+            self.wait_for(chan, |tx| tx.imm_sent.wrapping_sub(tx.credit_seen.1) < tx.rx_depth)?;
         }
         let (ranges, end) = self.core.take_unsent();
         let link: &Link = self.link.borrow();
@@ -357,9 +347,15 @@ impl<L: Borrow<Link>> Sender<L> {
     /// Flushes and waits until the consumer has released everything committed.
     pub fn drain(&mut self, chan: &mut Channel) -> Result<()> {
         self.flush(chan)?;
+        self.wait_for(chan, |tx| tx.core.released() == tx.core.committed())
+    }
+
+    /// Waits, asking the consumer, until the credit word gives `enough` (an error after
+    /// the session deadline).
+    fn wait_for(&mut self, chan: &mut Channel, enough: impl Fn(&Self) -> bool) -> Result<()> {
         loop {
             self.read_credit(chan)?;
-            if self.core.released() == self.core.committed() {
+            if enough(self) {
                 return Ok(());
             }
             self.ask_for_credit(chan)?;
