@@ -7,7 +7,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use rdmabench::ring::core::{ConsumerCore, ProducerCore, RingMem};
+use rdmabench::ring::core::{Arrival, ConsumerCore, ProducerCore, RingMem};
 use rdmabench::stats::{Clock, LatencyRecorder, PeakMeter};
 
 fn sampling(c: &mut Criterion) {
@@ -56,7 +56,7 @@ fn ring_record(c: &mut Criterion) {
     // SAFETY: both Vecs outlive the views and are not otherwise touched while in use.
     let tx = unsafe { RingMem::new(staging.as_mut_ptr(), CAP) };
     let rx = unsafe { RingMem::new(ring.as_mut_ptr(), CAP) };
-    let (mut p, mut q) = (ProducerCore::new(CAP), ConsumerCore::new(CAP));
+    let (mut p, mut q) = (ProducerCore::new(CAP), ConsumerCore::new(CAP, Arrival::Polled));
     c.bench_function("ring_record_64B", |b| {
         b.iter(|| {
             let r = p.reserve(64, &tx).expect("the consumer keeps up");
@@ -74,7 +74,7 @@ fn ring_record(c: &mut Criterion) {
             black_box(rx.load_u64(rec.offset));
             q.release(rec.pos);
             if q.credit_due(false) {
-                p.on_credit(q.publish()).unwrap();
+                p.on_credit(q.publish(&rx)).unwrap();
             }
         })
     });

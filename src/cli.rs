@@ -233,7 +233,7 @@ pub struct TestArgs {
     #[arg(long, value_name = "N")]
     pub batch: Option<u32>,
     /// Ring tests: how the consumer learns of arrivals: imm (WRITE with immediate) or
-    /// poll (numbered header and check word in each record). Default: imm for ring-bw,
+    /// poll (the consumer polls each record's frame word). Default: imm for ring-bw,
     /// poll for ring-lat (as write-lat polls the last byte).
     #[arg(long, value_enum)]
     pub notify: Option<Notify>,

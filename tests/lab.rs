@@ -998,7 +998,7 @@ fn lab_ring_exact_free_space_fits_and_a_larger_record_is_refused() {
     let config = RingConfig { capacity: 4096, notify: Notify::Poll, ..RingConfig::default() };
     let mut p = Producer::connect(&server_addr(), port, &device, config, timeout).expect("connect");
     let max = p.max_record();
-    assert_eq!(max, 4096 - 16, "a record's header and check word take 16 B");
+    assert_eq!(max, 4096 - 8, "a record's frame word takes 8 B");
     let mut slot = p.reserve(max).expect("the whole empty ring is free");
     slot.fill(0xa5);
     slot.commit().unwrap();

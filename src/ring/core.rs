@@ -3,56 +3,70 @@
 //! credit words; everything it decides comes from here, so property tests of this module
 //! cover the protocol.
 //!
-//! Positions are byte counts since the ring started (`u64`, never wrapping); a position's
-//! offset in the ring is `pos & (capacity - 1)`. A record is
-//! `[len: u32][tag: u32] payload [padding] [check: u64]`, `ALIGN`-aligned, never straddling
-//! the end: a record that would is preceded by a pad record filling the rest of the ring.
+//! Positions are byte counts since the ring started (`u64`, never wrapping). The ring fills
+//! from its end towards its start: the bytes at positions `[pos, pos + n)` lie at offsets
+//! `[capacity - o - n, capacity - o)`, `o = pos & (capacity - 1)`. A record is
+//! `payload [padding] [len: u32][tag: u32]`, `ALIGN`-aligned, never straddling the start
+//! of the ring: a record that would is preceded by a pad record filling the rest of the lap.
+//!
+//! Why backwards: a record's frame word is its highest 8 bytes, the last byte an RDMA WRITE
+//! places, and it sits right below the previous record, where the consumer knows to look.
+//! One 8-byte word says both "this record has fully landed" and how long it is, so a
+//! 64-byte payload travels as 72 bytes. (Growing upwards, the length must come first and a
+//! second word last: 16 bytes of framing.)
+//!
 //! Records are numbered (`seq`, pads included) from 1; the number is not stored but mixed
-//! into the tag (with the kind, data or pad, and the length) and into the 64-bit check, so
-//! zeroed memory and stale bytes of an older lap do not pass for the record the consumer
-//! expects. The header is 8 bytes and the alignment 16 so a small record costs little on
-//! the wire (a 64-byte payload travels as 80 bytes).
+//! with the kind (data or pad) and the length into the tag, a check that the frame word
+//! belongs to the record the consumer expects. What makes polling safe is that no old
+//! bytes are ever polled: a polling consumer clears what it released before returning its
+//! credit (`ConsumerCore::publish`), so a frame word not yet written reads as zero, and it
+//! never looks where the producer has no credit to write.
 
 use std::collections::VecDeque;
 
-/// Header bytes before a record's payload.
-pub const HEADER: u64 = 8;
-/// The check word, the last 8 bytes of a record's span.
-pub const TRAILER: u64 = 8;
-/// Records start at multiples of this; the space left before the end is always one, and
-/// holds at least an empty pad record (header and check).
-pub const ALIGN: u64 = 16;
+/// The frame word `[len: u32][tag: u32]`, the highest 8 bytes of a record's span.
+pub const FRAME: u64 = 8;
+/// Records start at multiples of this (so payloads are 8-byte aligned); the space left in
+/// a lap is always one, and holds at least an empty pad record (a frame word).
+pub const ALIGN: u64 = 8;
 /// Smallest ring: room for one aligned record and a pad.
 pub const MIN_CAPACITY: u64 = 4096;
 /// Largest ring: positions travel as 32-bit numbers, whose differences must stay unambiguous.
 pub const MAX_CAPACITY: u64 = 1 << 30;
 
+/// The tag's low two bits: what the record is. Neither is zero, so no frame word is.
 const KIND_DATA: u32 = 1;
 const KIND_PAD: u32 = 2;
+const KIND_BITS: u32 = 3;
 
-fn mix(seq: u64, len: u32) -> u64 {
-    (seq ^ (u64::from(len) << 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-}
-
-/// The header's tag for a record `kind` with this `seq` and `len`.
+/// The tag of record `seq` of `kind` and `len`: the kind in the low bits, the rest a hash
+/// of the three.
 fn tag(kind: u32, seq: u64, len: u32) -> u32 {
-    kind ^ (mix(seq, len) >> 32) as u32
+    let m = (seq ^ (u64::from(len) << 32) ^ u64::from(kind).rotate_left(17)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let m = (m ^ (m >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    ((m >> 32) as u32 & !KIND_BITS) | kind
 }
 
-/// The record's last word: `seq`, `len` and `kind` mixed again (differently from the tag).
-fn check_word(kind: u32, seq: u64, len: u32) -> u64 {
-    let m = mix(seq, len) ^ u64::from(kind).rotate_left(17);
-    (m ^ (m >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9) | 1
+fn frame_word(kind: u32, seq: u64, len: u32) -> u64 {
+    u64::from(len) | (u64::from(tag(kind, seq, len)) << 32)
 }
 
 /// Bytes a record of `len` payload bytes occupies in the ring.
 pub fn span(len: u64) -> u64 {
-    (HEADER + len + TRAILER).next_multiple_of(ALIGN)
+    (len + FRAME).next_multiple_of(ALIGN)
 }
 
 /// The largest payload a ring of `capacity` bytes carries (one record filling it).
 pub fn max_record(capacity: u64) -> u64 {
-    capacity.saturating_sub(HEADER + TRAILER)
+    capacity.saturating_sub(FRAME)
+}
+
+/// Where the bytes at positions `[pos, pos + n)` lie in a ring of `capacity` (they must not
+/// cross a lap): the offset of the lowest.
+fn offset_of(capacity: u64, pos: u64, n: u64) -> u64 {
+    let o = pos & (capacity - 1);
+    debug_assert!(o + n <= capacity, "{n} bytes at offset {o} cross the start of the ring");
+    capacity - o - n
 }
 
 /// Checks a capacity: a power of two within the limits.
@@ -139,7 +153,7 @@ pub enum NoRoom {
 pub struct Reserved {
     pub offset: u64,
     pub len: u64,
-    /// Where the record (header) starts, as a position.
+    /// Where the record starts, as a position.
     start: u64,
     /// A pad record at this position first (the record wraps to offset 0).
     pad_at: Option<u64>,
@@ -218,7 +232,7 @@ impl ProducerCore {
         let offset = self.committed & (self.capacity - 1);
         let to_end = self.capacity - offset;
         if offset > 0 && sp > to_end && to_end + sp > self.capacity && to_end <= self.free() {
-            self.write_record(ring, self.committed, KIND_PAD, to_end - HEADER - TRAILER, to_end);
+            self.write_record(ring, self.committed, KIND_PAD, to_end - FRAME, to_end);
             self.committed += to_end;
         }
         let offset = self.committed & (self.capacity - 1);
@@ -230,7 +244,7 @@ impl ProducerCore {
         }
         let start = self.committed + pad;
         let r = Reserved {
-            offset: (start & (self.capacity - 1)) + HEADER,
+            offset: offset_of(self.capacity, start, sp),
             len,
             start,
             pad_at: (pad > 0).then_some(self.committed),
@@ -243,13 +257,13 @@ impl ProducerCore {
         self.reserved = None;
     }
 
-    /// Commits the reservation: writes the pad (if any) and the record's header and
-    /// check word into `ring` (the staging ring); returns the record's sequence number.
+    /// Commits the reservation: writes the pad (if any) and the record's frame word into
+    /// `ring` (the staging ring); returns the record's sequence number.
     pub fn commit(&mut self, ring: &RingMem) -> u64 {
         let r = self.reserved.take().expect("commit without a reservation");
         if let Some(at) = r.pad_at {
             let pad_span = r.start - at;
-            self.write_record(ring, at, KIND_PAD, pad_span - HEADER - TRAILER, pad_span);
+            self.write_record(ring, at, KIND_PAD, pad_span - FRAME, pad_span);
         }
         let seq = self.write_record(ring, r.start, KIND_DATA, r.len, span(r.len));
         self.committed = r.start + span(r.len);
@@ -258,26 +272,26 @@ impl ProducerCore {
     }
 
     fn write_record(&mut self, ring: &RingMem, pos: u64, kind: u32, len: u64, span: u64) -> u64 {
-        let off = pos & (self.capacity - 1);
         let seq = self.next_seq;
         self.next_seq += 1;
-        let header = u64::from(len as u32) | (u64::from(tag(kind, seq, len as u32)) << 32);
-        ring.store_u64(off, header);
-        ring.store_u64(off + span - TRAILER, check_word(kind, seq, len as u32));
+        let frame_at = offset_of(self.capacity, pos, span) + span - FRAME;
+        ring.store_u64(frame_at, frame_word(kind, seq, len as u32));
         seq
     }
 
-    /// The committed bytes not yet sent, as at most two ranges (split at the end of the
-    /// ring), and marks them sent. Returns the end position the ranges reach.
+    /// The committed bytes not yet sent, as at most two ranges (split where a lap ends:
+    /// the first ends the lap at offset 0, the second starts the next at the top), and
+    /// marks them sent. Returns the end position the ranges reach.
     pub fn take_unsent(&mut self) -> ([Option<Range>; 2], u64) {
         let mut out = [None, None];
         let (from, to) = (self.sent, self.committed);
         if from < to {
             let off = from & (self.capacity - 1);
             let first = (to - from).min(self.capacity - off);
-            out[0] = Some(Range { offset: off, len: first });
+            out[0] = Some(Range { offset: offset_of(self.capacity, from, first), len: first });
             if first < to - from {
-                out[1] = Some(Range { offset: 0, len: to - from - first });
+                let rest = to - from - first;
+                out[1] = Some(Range { offset: offset_of(self.capacity, from + first, rest), len: rest });
             }
         }
         self.sent = to;
@@ -306,7 +320,7 @@ impl ProducerCore {
 /// A record handed to the application.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecordRef {
-    /// Position of the record's header (its identity for `release`).
+    /// Position of the record (its identity for `release`).
     pub pos: u64,
     /// Where its payload starts in the ring, and its length.
     pub offset: u64,
@@ -314,25 +328,37 @@ pub struct RecordRef {
     pub seq: u64,
 }
 
+/// How the consumer learns that records have landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// The producer says how far its writes reach (`next`'s `landed`).
+    Notified,
+    /// The consumer polls frame words; it clears released space before returning it.
+    Polled,
+}
+
 /// The consumer's view: what it has parsed, handed out and released, and what credit it
 /// has published.
 #[derive(Debug)]
 pub struct ConsumerCore {
     capacity: u64,
+    arrival: Arrival,
     /// Position of the next record to parse.
     read: u64,
     next_seq: u64,
     /// Everything before this is released (credit may be published up to it).
     released: u64,
+    /// Credit given: the producer may write below `published + capacity`.
     published: u64,
     /// Records handed out and not yet all released, oldest first: (pos, span, released).
     out: VecDeque<(u64, u64, bool)>,
 }
 
 impl ConsumerCore {
-    pub fn new(capacity: u64) -> ConsumerCore {
+    /// A consumer of a ring whose memory is all zero (as fresh registered memory is).
+    pub fn new(capacity: u64, arrival: Arrival) -> ConsumerCore {
         assert!(check_capacity(capacity).is_ok());
-        ConsumerCore { capacity, read: 0, next_seq: 1, released: 0, published: 0, out: VecDeque::new() }
+        ConsumerCore { capacity, arrival, read: 0, next_seq: 1, released: 0, published: 0, out: VecDeque::new() }
     }
 
     pub fn read(&self) -> u64 {
@@ -348,40 +374,41 @@ impl ConsumerCore {
         self.out.iter().filter(|r| !r.2).count()
     }
 
-    /// Parses the next record in `ring`, if it has arrived. `landed`: with notifications
-    /// (`imm`), the position up to which data is known to be in memory (records before it
-    /// must be complete); without (`poll`), `None`: the record's header and check word say
-    /// whether it has fully landed. Pads are skipped (and released) here.
+    /// Parses the next record in `ring`, if it has arrived. `landed`: when `Notified`, the
+    /// position up to which data is known to be in memory (records before it must be
+    /// complete); when `Polled`, `None`: the record's frame word, the last of its bytes to
+    /// land, says whether it is there. Pads are skipped (and released) here.
     pub fn next(&mut self, ring: &RingMem, landed: Option<u64>) -> Result<Option<RecordRef>, String> {
+        debug_assert_eq!(landed.is_some(), self.arrival == Arrival::Notified);
         loop {
-            if landed.is_some_and(|l| self.read >= l) {
-                return Ok(None);
+            match landed {
+                Some(l) if self.read >= l => return Ok(None),
+                // Beyond the credit given, the memory still holds what the application
+                // has not released (or not had cleared): nothing new can be there.
+                None if self.read + FRAME > self.published + self.capacity => return Ok(None),
+                _ => {}
             }
-            let off = self.read & (self.capacity - 1);
+            let to_end = self.capacity - (self.read & (self.capacity - 1));
             let seq = self.next_seq;
             // One 8-byte read: length and tag from the same write.
-            let header = ring.load_u64(off);
-            let len32 = header as u32;
-            let kind = (header >> 32) as u32 ^ tag(0, seq, len32);
-            let len = u64::from(len32);
-            let to_end = self.capacity - off;
-            let sp = span(len);
-            if !(kind == KIND_DATA || kind == KIND_PAD) || sp > to_end {
+            let frame = ring.load_u64(offset_of(self.capacity, self.read, FRAME));
+            let (len32, tag_found) = (frame as u32, (frame >> 32) as u32);
+            let kind = tag_found & KIND_BITS;
+            let (len, sp) = (u64::from(len32), span(u64::from(len32)));
+            if !(kind == KIND_DATA || kind == KIND_PAD) || sp > to_end || tag_found != tag(kind, seq, len32) {
                 if landed.is_none() {
-                    return Ok(None); // not arrived yet (what is there is older)
+                    // Not arrived (cleared memory), or arriving: a copy may place the word
+                    // a byte at a time. A word that stays wrong ends at the session deadline.
+                    return Ok(None);
                 }
                 return Err(format!(
-                    "record {seq} at offset {off}: the header (length {len}, kind {kind}) is not the record the \
-                     producer announced"
+                    "record {seq} at position {}: its frame word {frame:#018x} (length {len}, kind {kind}) is not \
+                     the record the producer sent",
+                    self.read
                 ));
             }
-            if ring.load_u64(off + sp - TRAILER) != check_word(kind, seq, len32) {
-                if landed.is_none() {
-                    return Ok(None); // header landed, the rest of the record not yet
-                }
-                return Err(format!("record {seq} at offset {off}: its check word does not match its header"));
-            }
-            // Header and check matched: the payload between them is in memory too.
+            // The frame word is the last of the record's bytes to land: the payload below
+            // it is in memory too.
             std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
             let pos = self.read;
             self.read += sp;
@@ -392,7 +419,7 @@ impl ConsumerCore {
                 continue;
             }
             self.out.push_back((pos, sp, false));
-            return Ok(Some(RecordRef { pos, offset: off + HEADER, len, seq }));
+            return Ok(Some(RecordRef { pos, offset: offset_of(self.capacity, pos, sp), len, seq }));
         }
     }
 
@@ -424,7 +451,21 @@ impl ConsumerCore {
     }
 
     /// Marks the credit published; returns the word's value (low 32 bits of the position).
-    pub fn publish(&mut self) -> u32 {
+    /// `Polled`: first clears the space being returned in `ring`, so that a frame word the
+    /// producer has not written yet reads as zero.
+    pub fn publish(&mut self, ring: &RingMem) -> u32 {
+        if self.arrival == Arrival::Polled {
+            let (mut from, to) = (self.published, self.released);
+            while from < to {
+                let n = (to - from).min(self.capacity - (from & (self.capacity - 1)));
+                // SAFETY: inside the ring (`ptr` checks); released, so nothing reads it and
+                // the producer writes it only after this credit arrives.
+                unsafe { std::ptr::write_bytes(ring.ptr(offset_of(self.capacity, from, n), n), 0, n as usize) };
+                from += n;
+            }
+            // The zeros are in memory before the credit word can go out.
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        }
         self.published = self.released;
         self.released as u32
     }

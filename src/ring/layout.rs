@@ -14,8 +14,8 @@ pub enum Notify {
     /// RDMA WRITE with immediate: one receive completion per write.
     #[default]
     Imm,
-    /// The consumer polls the records' numbered header and check word (see the module docs for the
-    /// ordering this relies on).
+    /// The consumer polls each record's frame word (see the module docs for the ordering
+    /// this relies on).
     Poll,
 }
 

@@ -15,12 +15,15 @@
 //! Arrival is announced one of two ways ([`Notify`]):
 //! - `Imm`: each write carries an immediate (the producer's end position) and consumes one
 //!   of the consumer's posted receives; receive credits travel in the credit word too.
-//! - `Poll`: the consumer polls the next record's header and its last word, both of which
-//!   carry the record's number (see `core`). This relies on the NIC placing the bytes of one
-//!   RDMA WRITE in increasing address order and the WRITEs of one RC QP in order, so that a
-//!   record's last word is the last of its bytes to become visible. That holds for rxe (which copies in order) and is what perftest's
+//! - `Poll`: the consumer polls the next record's frame word (its length and a tag carrying
+//!   its number; see `core`). The ring fills from its end towards its start, so the frame
+//!   word, on top of its record, is the record's last byte to become visible, provided the
+//!   NIC places the bytes of one RDMA WRITE in increasing address order and the WRITEs of
+//!   one RC QP in order. That holds for rxe (which copies in order) and is what perftest's
 //!   `ib_write_lat` relies on for its last byte; the InfiniBand specification does not
-//!   promise it. Where in doubt, use `Imm`, whose completion guarantees placement.
+//!   promise it. Where in doubt, use `Imm`, whose completion guarantees placement. A
+//!   polling consumer clears the space it returns (a memset of every consumed byte), so a
+//!   frame word not yet written reads as zero.
 //!
 //! A full ring blocks `reserve` (up to the session deadline; [`Producer::try_reserve`] and
 //! [`Producer::reserve_within`] do not block or block less); it never overwrites unread

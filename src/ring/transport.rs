@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
-use super::core::{ConsumerCore, NoRoom, ProducerCore, RecordRef, Reserved, RingMem};
+use super::core::{Arrival, ConsumerCore, NoRoom, ProducerCore, RecordRef, Reserved, RingMem};
 use super::layout::{Notify, RingConfig, RingLayout, SLOT};
 use crate::bench::link::Link;
 use crate::bench::wait::{SendWindow, Woke, spin_until};
@@ -456,8 +456,9 @@ pub fn receive_scratch(layout: &RingLayout) -> (usize, u32) {
 }
 
 impl<L: Borrow<Link>> Receiver<L> {
-    /// A receiver on a connected link. With `Imm`, the link's receives must be posted
-    /// (the connection does it, before the peer may write).
+    /// A receiver on a connected link. Its ring must be all zero (fresh registered memory
+    /// is; a reused buffer must be cleared before the peer may write). With `Imm`, the
+    /// link's receives must be posted (the connection does it, before the peer may write).
     pub fn new(link: L, config: &RingConfig, timeout: Duration, peer: &str) -> Result<Self> {
         config.check().map_err(Error::Usage)?;
         let layout = RingLayout::new(config.capacity, config.tx_depth);
@@ -465,8 +466,9 @@ impl<L: Borrow<Link>> Receiver<L> {
         check_link(l, &layout)?;
         let (at, len) = receive_scratch(&layout);
         let repost = (0..config.rx_depth.min(16)).map(|i| RecvRequest::new(&l.buf, at, len, u64::from(i))).collect();
+        let arrival = if config.notify == Notify::Imm { Arrival::Notified } else { Arrival::Polled };
         let state = ReceiverState {
-            core: ConsumerCore::new(config.capacity),
+            core: ConsumerCore::new(config.capacity, arrival),
             window: SendWindow::new(config.tx_depth, (config.tx_depth / 2).max(1)),
             landed: 0,
             repost,
@@ -602,7 +604,7 @@ impl<L: Borrow<Link>> Receiver<L> {
             st.window.reap(link, &self.peer)?;
         }
         st.answered = request;
-        let word = u64::from(st.core.publish()) | (u64::from(st.reposted) << 32);
+        let word = u64::from(st.core.publish(&self.ring)) | (u64::from(st.reposted) << 32);
         st.published_recvs = st.reposted;
         st.published = word;
         post_small(link, &mut st.window, &mut st.small, self.layout.credit_in, word, false)?;

@@ -40,7 +40,7 @@ impl Sim {
             staging: vec![0; capacity as usize],
             ring: vec![0; capacity as usize],
             p: ProducerCore::new(capacity),
-            c: ConsumerCore::new(capacity),
+            c: ConsumerCore::new(capacity, if imm { Arrival::Notified } else { Arrival::Polled }),
             wire: VecDeque::new(),
             delivered: 0,
             imm,
@@ -158,8 +158,17 @@ impl Sim {
     }
 
     fn publish(&mut self) {
-        self.credit = Some(self.c.publish());
+        let mem = self.ring();
+        let (released, returned) = (self.c.released(), self.c.unpublished());
+        self.credit = Some(self.c.publish(&mem));
         self.asked = false;
+        if !self.imm {
+            // A polling consumer clears what it returns: where the producer may write next,
+            // no stale frame word is left to be taken for a record.
+            for pos in released - returned..released {
+                assert_eq!(self.ring[offset_of(self.capacity, pos, 1) as usize], 0, "position {pos} not cleared");
+            }
+        }
     }
 
     fn credit_arrives(&mut self) {
@@ -291,7 +300,7 @@ fn a_record_of_exactly_the_free_space_fits_and_one_byte_more_waits() {
     assert!(s.produce(1000));
     let free = s.p.free();
     // The rest of the ring up to the end, as one record.
-    let len = free - HEADER - TRAILER;
+    let len = free - FRAME;
     assert_eq!(span(len), free);
     assert!(s.produce(len));
     assert_eq!(s.p.free(), 0);
@@ -302,7 +311,7 @@ fn a_record_of_exactly_the_free_space_fits_and_one_byte_more_waits() {
     assert_eq!(s.p.committed() % 4096, 0);
     assert!(s.produce(max_record(4096)), "a record filling the whole ring");
     let mem = s.staging();
-    assert!(matches!(s.p.reserve(max_record(4096) + 1, &mem), Err(NoRoom::TooLarge { max: 4080, .. })));
+    assert!(matches!(s.p.reserve(max_record(4096) + 1, &mem), Err(NoRoom::TooLarge { max: 4088, .. })));
     s.drain();
 }
 
@@ -310,13 +319,14 @@ fn a_record_of_exactly_the_free_space_fits_and_one_byte_more_waits() {
 fn a_record_that_does_not_fit_before_the_end_pads_and_wraps() {
     let mut s = Sim::new(4096, false);
     assert!(s.produce(3000));
-    assert_eq!(span(3000), 3024, "8 B header, 3000 B, 8 B check, 16-aligned");
+    assert_eq!(span(3000), 3008, "3000 B and the 8 B frame word, 8-aligned");
     s.drain();
-    // 1072 bytes to the end; 2000 does not fit there: a pad of 1072, then offset 0.
+    // The ring fills downwards: 1088 bytes are left at the bottom; 2000 does not fit
+    // there: a pad of 1088 ends the lap, and the record starts the next at the top.
     assert!(s.produce(2000));
     let (ranges, end) = s.p.take_unsent();
-    assert_eq!(ranges[0], Some(Range { offset: 3024, len: 1072 }));
-    assert_eq!(ranges[1], Some(Range { offset: 0, len: span(2000) }));
+    assert_eq!(ranges[0], Some(Range { offset: 0, len: 1088 }));
+    assert_eq!(ranges[1], Some(Range { offset: 4096 - span(2000), len: span(2000) }));
     assert_eq!(end, 4096 + span(2000));
 }
 
@@ -334,18 +344,62 @@ fn credit_words_wrap_at_32_bits_and_bad_ones_are_refused() {
 }
 
 #[test]
-fn stale_bytes_of_an_older_lap_are_not_a_record() {
+fn records_fill_the_ring_downwards_with_the_frame_word_on_top() {
     let mut s = Sim::new(4096, false);
     assert!(s.produce(100));
-    s.drain();
-    // Copy the consumed record to where the next one goes: its tag and check word carry
-    // the old number, so it is not taken for the next record.
-    s.ring.copy_within(0..span(100) as usize, span(100) as usize);
+    let (ranges, _) = s.p.take_unsent();
+    assert_eq!(ranges[0], Some(Range { offset: 4096 - 112, len: 112 }));
+    let frame = u64::from_le_bytes(s.staging[4088..4096].try_into().unwrap());
+    assert_eq!(frame as u32, 100, "the length, in the ring's highest word");
+    assert_eq!(frame >> 32 & 3, 1, "a data record");
+}
+
+#[test]
+fn a_polling_consumer_clears_what_it_returns() {
+    let mut s = Sim::new(4096, false);
+    for len in [100, 3000, 2000, 7] {
+        assert!(s.produce(len));
+        s.drain();
+    }
+    assert!(s.p.committed() > 4096, "wrapped");
+    assert!(s.ring.iter().all(|&b| b == 0), "every released byte cleared");
+}
+
+#[test]
+fn a_frame_word_with_another_number_is_not_the_record() {
+    let mut s = Sim::new(4096, false);
+    assert!(s.produce(100));
+    s.flush();
+    s.deliver(u64::MAX);
+    // Record 1's frame word where record 2's goes (a protocol fault): polling waits on...
+    let first = s.ring[4088..4096].to_vec();
+    s.ring[4088 - 112..4096 - 112].copy_from_slice(&first);
+    let mem = s.ring();
+    assert!(s.c.next(&mem, None).unwrap().is_some());
+    assert_eq!(s.c.next(&mem, None), Ok(None));
+    // ...and announced by an immediate, the same bytes are corruption.
+    let mut n = ConsumerCore::new(4096, Arrival::Notified);
+    assert!(n.next(&mem, Some(224)).unwrap().is_some());
+    assert!(n.next(&mem, Some(224)).unwrap_err().contains("not the record the producer sent"));
+}
+
+#[test]
+fn the_consumer_does_not_look_where_the_producer_has_no_credit() {
+    let mut s = Sim::new(4096, false);
+    // Fill the ring exactly and hold every record: the producer has no credit left.
+    for _ in 0..4 {
+        assert!(s.produce(1024 - FRAME));
+    }
+    s.flush();
+    s.deliver(u64::MAX);
+    while s.consume() {}
+    assert_eq!(s.c.read(), 4096);
+    // A well-formed frame word for the next record where it would go (over the held
+    // first record's): the consumer must not read it, the producer could not have sent it.
+    let word = frame_word(KIND_DATA, 5, 0);
+    s.ring[4088..4096].copy_from_slice(&word.to_le_bytes());
     let mem = s.ring();
     assert_eq!(s.c.next(&mem, None), Ok(None));
-    // Announced by an immediate, the same bytes are corruption, not a record.
-    let landed = Some(2 * span(100));
-    assert!(s.c.next(&mem, landed).unwrap_err().contains("not the record the producer announced"));
 }
 
 #[test]
