@@ -599,9 +599,18 @@ impl<L: Borrow<Link>> Receiver<L> {
         if !due {
             return Ok(());
         }
-        // Bounded: a dead peer's QP fails its requests after the transport's retries.
+        // No control channel here (this may run in a record's drop): the session deadline
+        // bounds the wait, and a dead peer's QP fails its requests after its retries anyway.
+        let start = self.clock.now();
         while !st.window.has_room() {
             st.window.reap(link, &self.peer)?;
+            if !st.window.has_room() && self.clock.nanos(start, self.clock.now()) >= self.timeout_ns {
+                return Err(Error::Peer(format!(
+                    "{}: no credit write completed for {:.1} s (--timeout); it hung or died",
+                    self.peer,
+                    self.timeout_ns as f64 / 1e9
+                )));
+            }
         }
         st.answered = request;
         let word = u64::from(st.core.publish(&self.ring)) | (u64::from(st.reposted) << 32);
