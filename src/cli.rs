@@ -224,8 +224,9 @@ pub struct TestArgs {
     /// Fault injection for tests: corrupt one byte of message N (needs --validate-data).
     #[arg(long = "inject-corruption", hide = true, value_name = "N")]
     pub corrupt_at: Option<u64>,
-    /// Ring tests: bytes of the ring, a power of two from 4K to 1G (default 1M for ring-bw,
-    /// 64K for ring-lat).
+    /// Ring tests: bytes of the ring, a power of two from 4K to 1G (default: room for 32
+    /// records of the largest size for ring-bw, at least 1M; 8 records for ring-lat, at
+    /// least 64K; at most 64M unless two records need more).
     #[arg(long, value_parser = parse_bytes, value_name = "BYTES")]
     pub capacity: Option<u64>,
     /// Ring tests: committed records coalesced into one RDMA WRITE at most
@@ -556,13 +557,15 @@ fn seconds(flag: &str, v: f64) -> Result<Duration> {
 impl TestArgs {
     pub fn spec(&self, operation: Operation, measure: Measure) -> TestSpec {
         let d = TestSpec::new(operation, measure);
+        let sizes = if self.all { TestSpec::sweep_sizes() } else { self.size.map_or(d.sizes.clone(), |s| vec![s]) };
+        let max_size = sizes.iter().copied().max().unwrap_or(0);
         TestSpec {
             transport: self.transport,
             with_imm: self.with_imm,
             atomic_op: self.atomic_op,
             rx_depth: self.rx_depth,
             outstanding_reads: self.outstanding_reads,
-            sizes: if self.all { TestSpec::sweep_sizes() } else { self.size.map_or(d.sizes.clone(), |s| vec![s]) },
+            sizes,
             iterations: self.iterations.unwrap_or(d.iterations),
             duration_secs: self.duration,
             tx_depth: self.tx_depth.unwrap_or(d.tx_depth),
@@ -578,7 +581,7 @@ impl TestArgs {
             rdma_cm: self.rdma_cm,
             profile: self.profile.map(|p| p.profile().name.to_string()),
             corrupt_at: self.corrupt_at,
-            ring: self.ring_params(d.ring),
+            ring: self.ring_params(TestSpec::default_ring(operation, measure, max_size)),
             ..d
         }
     }
@@ -662,12 +665,25 @@ mod tests {
 
     #[test]
     fn ring_tests_have_their_own_defaults_and_flags() {
+        // 32 records of 64 KiB and their frame words: just over 2 MiB.
         let bw = test_args(&["ring-bw"]).spec(Operation::Ring, Measure::Bandwidth);
-        assert_eq!(bw.ring, Some(RingParams { capacity: 1 << 20, notify: Notify::Imm, batch: 16 }));
+        assert_eq!(bw.ring, Some(RingParams { capacity: 4 << 20, notify: Notify::Imm, batch: 16 }));
         let lat = test_args(&["ring-lat"]).spec(Operation::Ring, Measure::Latency);
         assert_eq!(lat.ring, Some(RingParams { capacity: 64 << 10, notify: Notify::Poll, batch: 1 }));
         bw.check().unwrap();
         lat.check().unwrap();
+        // Small records: the floor. A sweep: sized for its largest (8 MiB) record, capped
+        // at 64 MiB; ring-lat's sweep holds 8 of them in the same 64 MiB.
+        let small = test_args(&["ring-bw", "-s", "64"]).spec(Operation::Ring, Measure::Bandwidth);
+        assert_eq!(small.ring.unwrap().capacity, 1 << 20);
+        for (test, measure) in [("ring-bw", Measure::Bandwidth), ("ring-lat", Measure::Latency)] {
+            let sweep = test_args(&[test, "-a"]).spec(Operation::Ring, measure);
+            assert_eq!(sweep.ring.unwrap().capacity, 64 << 20, "{test} -a");
+            sweep.check().unwrap();
+        }
+        // A record over half the largest default: the smallest ring that holds two.
+        let huge = test_args(&["ring-bw", "-s", "104857600"]).spec(Operation::Ring, Measure::Bandwidth);
+        assert_eq!(huge.ring.unwrap().capacity, 256 << 20);
         let set = test_args(&["ring-bw", "--capacity", "4M", "--notify", "poll", "--batch", "4"])
             .spec(Operation::Ring, Measure::Bandwidth);
         assert_eq!(set.ring, Some(RingParams { capacity: 4 << 20, notify: Notify::Poll, batch: 4 }));

@@ -40,7 +40,7 @@ fn usage_errors_exit_2_before_touching_a_device() {
 fn ring_bad_input_names_the_limit_and_the_fix_before_touching_a_device() {
     for (args, says) in [
         (
-            &["ring-bw", "-s", "2000000", "127.0.0.1"][..],
+            &["ring-bw", "-s", "2000000", "--capacity", "1M", "127.0.0.1"][..],
             &["does not fit a ring of 1048576 B", "--capacity to 2097152"][..],
         ),
         (&["ring-bw", "--capacity", "5000", "127.0.0.1"], &["power of two"]),

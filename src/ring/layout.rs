@@ -38,6 +38,20 @@ pub struct RingParams {
     pub batch: u32,
 }
 
+/// The largest ring a test picks by itself (records that need more get the smallest that
+/// holds two of them).
+const DEFAULT_CAPACITY_MAX: u64 = 64 << 20;
+
+impl RingParams {
+    /// A ring with room for `records` records of `max_size`, at least `floor` bytes, at
+    /// most 64 MiB but always holding two records (up to the largest ring).
+    pub fn default_capacity(records: u64, floor: u64, max_size: u64) -> u64 {
+        let span = core::span(max_size);
+        let wanted = span.saturating_mul(records).next_power_of_two().clamp(floor, DEFAULT_CAPACITY_MAX);
+        wanted.max(span.saturating_mul(2).next_power_of_two()).min(core::MAX_CAPACITY)
+    }
+}
+
 /// A ring's configuration, for the library.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingConfig {

@@ -281,7 +281,9 @@ fn step(src: &Source, span: &Range<usize>, s: &RawStep, params: &BTreeMap<String
     if s.iterations.is_some() && s.duration.is_some() {
         return Err(err("duration", "give `iterations` or `duration`, not both"));
     }
+    let ring = TestSpec::default_ring(operation, measure, sizes.iter().copied().max().unwrap_or(0));
     let spec = TestSpec {
+        ring,
         transport: s.transport.unwrap_or(d.transport),
         with_imm: s.with_imm.unwrap_or(false),
         atomic_op: s.atomic_op.unwrap_or_default(),
