@@ -557,15 +557,13 @@ fn seconds(flag: &str, v: f64) -> Result<Duration> {
 impl TestArgs {
     pub fn spec(&self, operation: Operation, measure: Measure) -> TestSpec {
         let d = TestSpec::new(operation, measure);
-        let sizes = if self.all { TestSpec::sweep_sizes() } else { self.size.map_or(d.sizes.clone(), |s| vec![s]) };
-        let max_size = sizes.iter().copied().max().unwrap_or(0);
-        TestSpec {
+        let mut spec = TestSpec {
             transport: self.transport,
             with_imm: self.with_imm,
             atomic_op: self.atomic_op,
             rx_depth: self.rx_depth,
             outstanding_reads: self.outstanding_reads,
-            sizes,
+            sizes: if self.all { TestSpec::sweep_sizes() } else { self.size.map_or(d.sizes.clone(), |s| vec![s]) },
             iterations: self.iterations.unwrap_or(d.iterations),
             duration_secs: self.duration,
             tx_depth: self.tx_depth.unwrap_or(d.tx_depth),
@@ -581,9 +579,11 @@ impl TestArgs {
             rdma_cm: self.rdma_cm,
             profile: self.profile.map(|p| p.profile().name.to_string()),
             corrupt_at: self.corrupt_at,
-            ring: self.ring_params(TestSpec::default_ring(operation, measure, max_size)),
             ..d
-        }
+        };
+        // The ring's default size follows the records.
+        spec.ring = self.ring_params(TestSpec::default_ring(operation, measure, spec.max_size()));
+        spec
     }
 
     /// The ring's parameters: the defaults of a ring test with the flags applied; for any

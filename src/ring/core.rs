@@ -155,7 +155,7 @@ pub struct Reserved {
     pub len: u64,
     /// Where the record starts, as a position.
     start: u64,
-    /// A pad record at this position first (the record wraps to offset 0).
+    /// A pad record at this position first (the record wraps to the top of the ring).
     pad_at: Option<u64>,
 }
 
@@ -232,7 +232,7 @@ impl ProducerCore {
         let offset = self.committed & (self.capacity - 1);
         let to_end = self.capacity - offset;
         if offset > 0 && sp > to_end && to_end + sp > self.capacity && to_end <= self.free() {
-            self.write_record(ring, self.committed, KIND_PAD, to_end - FRAME, to_end);
+            self.write_record(ring, self.committed, KIND_PAD, to_end - FRAME);
             self.committed += to_end;
         }
         let offset = self.committed & (self.capacity - 1);
@@ -263,19 +263,20 @@ impl ProducerCore {
         let r = self.reserved.take().expect("commit without a reservation");
         if let Some(at) = r.pad_at {
             let pad_span = r.start - at;
-            self.write_record(ring, at, KIND_PAD, pad_span - FRAME, pad_span);
+            self.write_record(ring, at, KIND_PAD, pad_span - FRAME);
         }
-        let seq = self.write_record(ring, r.start, KIND_DATA, r.len, span(r.len));
+        let seq = self.write_record(ring, r.start, KIND_DATA, r.len);
         self.committed = r.start + span(r.len);
         self.unsent_records += 1;
         seq
     }
 
-    fn write_record(&mut self, ring: &RingMem, pos: u64, kind: u32, len: u64, span: u64) -> u64 {
+    /// Writes the frame word of the record at `pos`: its first bytes as positions, the
+    /// highest of its span as offsets.
+    fn write_record(&mut self, ring: &RingMem, pos: u64, kind: u32, len: u64) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let frame_at = offset_of(self.capacity, pos, span) + span - FRAME;
-        ring.store_u64(frame_at, frame_word(kind, seq, len as u32));
+        ring.store_u64(offset_of(self.capacity, pos, FRAME), frame_word(kind, seq, len as u32));
         seq
     }
 

@@ -281,9 +281,7 @@ fn step(src: &Source, span: &Range<usize>, s: &RawStep, params: &BTreeMap<String
     if s.iterations.is_some() && s.duration.is_some() {
         return Err(err("duration", "give `iterations` or `duration`, not both"));
     }
-    let ring = TestSpec::default_ring(operation, measure, sizes.iter().copied().max().unwrap_or(0));
-    let spec = TestSpec {
-        ring,
+    let mut spec = TestSpec {
         transport: s.transport.unwrap_or(d.transport),
         with_imm: s.with_imm.unwrap_or(false),
         atomic_op: s.atomic_op.unwrap_or_default(),
@@ -305,6 +303,8 @@ fn step(src: &Source, span: &Range<usize>, s: &RawStep, params: &BTreeMap<String
         rdma_cm: s.rdma_cm.unwrap_or(false),
         ..d
     };
+    // The ring's default size follows the records.
+    spec.ring = TestSpec::default_ring(operation, measure, spec.max_size());
     spec.check().map_err(|e| {
         let msg = e.message();
         let key = FLAG_KEYS.iter().find(|(flag, _)| mentions(&msg, flag)).map_or("test", |(_, k)| k);
