@@ -1,7 +1,7 @@
 //! The harness's own hot-path costs: what taking one latency sample adds to a
 //! measurement (design target: under 25 ns), the bandwidth peak meter's update, and the
 //! ring's bookkeeping per record (reserve, commit, send, parse, release, credit) with no
-//! verbs: what the ring adds to a write beyond its 16 bytes of header and check word.
+//! verbs: what the ring adds to a write beyond its 8-byte frame word.
 //! Run with `cargo bench --bench hot_path`.
 
 use std::hint::black_box;

@@ -69,6 +69,22 @@ fn offset_of(capacity: u64, pos: u64, n: u64) -> u64 {
     capacity - o - n
 }
 
+/// Where positions `[from, to)` (at most a ring's worth) lie: at most two ranges, split
+/// where a lap ends (the first ends the lap at offset 0, the second starts the next at the
+/// top), in position order.
+fn ranges_of(capacity: u64, from: u64, to: u64) -> [Option<Range>; 2] {
+    let mut out = [None, None];
+    if from < to {
+        let first = (to - from).min(capacity - (from & (capacity - 1)));
+        out[0] = Some(Range { offset: offset_of(capacity, from, first), len: first });
+        if first < to - from {
+            let rest = to - from - first;
+            out[1] = Some(Range { offset: offset_of(capacity, from + first, rest), len: rest });
+        }
+    }
+    out
+}
+
 /// Checks a capacity: a power of two within the limits.
 pub fn check_capacity(capacity: u64) -> Result<(), String> {
     if !capacity.is_power_of_two() || !(MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity) {
@@ -280,21 +296,11 @@ impl ProducerCore {
         seq
     }
 
-    /// The committed bytes not yet sent, as at most two ranges (split where a lap ends:
-    /// the first ends the lap at offset 0, the second starts the next at the top), and
-    /// marks them sent. Returns the end position the ranges reach.
+    /// The committed bytes not yet sent, as at most two ranges (`ranges_of`), and marks
+    /// them sent. Returns the end position the ranges reach.
     pub fn take_unsent(&mut self) -> ([Option<Range>; 2], u64) {
-        let mut out = [None, None];
-        let (from, to) = (self.sent, self.committed);
-        if from < to {
-            let off = from & (self.capacity - 1);
-            let first = (to - from).min(self.capacity - off);
-            out[0] = Some(Range { offset: offset_of(self.capacity, from, first), len: first });
-            if first < to - from {
-                let rest = to - from - first;
-                out[1] = Some(Range { offset: offset_of(self.capacity, from + first, rest), len: rest });
-            }
-        }
+        let to = self.committed;
+        let out = ranges_of(self.capacity, self.sent, to);
         self.sent = to;
         self.unsent_records = 0;
         (out, to)
@@ -456,13 +462,10 @@ impl ConsumerCore {
     /// producer has not written yet reads as zero.
     pub fn publish(&mut self, ring: &RingMem) -> u32 {
         if self.arrival == Arrival::Polled {
-            let (mut from, to) = (self.published, self.released);
-            while from < to {
-                let n = (to - from).min(self.capacity - (from & (self.capacity - 1)));
+            for r in ranges_of(self.capacity, self.published, self.released).into_iter().flatten() {
                 // SAFETY: inside the ring (`ptr` checks); released, so nothing reads it and
                 // the producer writes it only after this credit arrives.
-                unsafe { std::ptr::write_bytes(ring.ptr(offset_of(self.capacity, from, n), n), 0, n as usize) };
-                from += n;
+                unsafe { std::ptr::write_bytes(ring.ptr(r.offset, r.len), 0, r.len as usize) };
             }
             // The zeros are in memory before the credit word can go out.
             std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
