@@ -51,12 +51,14 @@ enum Role {
         host: String,
         #[arg(long, default_value_t = 100_000)]
         records: u64,
-        #[arg(long, default_value_t = 16)]
+        /// Smallest record, bytes (or with K/M/G).
+        #[arg(long, default_value = "16", value_parser = record_size)]
         min_size: usize,
-        #[arg(long, default_value_t = 1024)]
+        /// Largest record, bytes (or with K/M/G).
+        #[arg(long, default_value = "1K", value_parser = record_size)]
         max_size: usize,
         /// Bytes of the ring: a power of two (the consumer takes the producer's).
-        #[arg(long, default_value = "1M", value_parser = rdmabench::cli::parse_bytes)]
+        #[arg(long, default_value = "1M", value_parser = rdmabench::units::parse_bytes)]
         capacity: u64,
         #[arg(long, value_enum, default_value = "imm")]
         notify: Notify,
@@ -67,6 +69,11 @@ enum Role {
 }
 
 const STAMP: usize = 16;
+
+fn record_size(s: &str) -> Result<usize, String> {
+    let n = rdmabench::units::parse_bytes(s)?;
+    usize::try_from(n).map_err(|_| format!("{s:?} is too large for this machine"))
+}
 
 /// A small fast generator (xorshift64*): the example needs reproducible noise, not quality.
 struct Noise(u64);

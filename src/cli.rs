@@ -14,6 +14,7 @@ use crate::k8s::fleet::Topology;
 use crate::k8s::manifest::Placement;
 use crate::k8s::platform::Platform;
 use crate::report::table::Units;
+use crate::units::{parse_bytes, parse_bytes_u32};
 use crate::validate::profiles::ProfileName;
 use crate::validate::sysfs::{TOPOLOGY_DIR, Tree};
 use crate::validate::{NcclFormat, Request};
@@ -149,8 +150,8 @@ pub struct TestArgs {
     /// TCP port of the control channel.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     pub port: u16,
-    /// Message size in bytes (default 2 for latency, 65536 for bandwidth).
-    #[arg(short = 's', long = "size", conflicts_with = "all")]
+    /// Message size in bytes, or with K/M/G (KiB...) (default 2 for latency, 65536 for bandwidth).
+    #[arg(short = 's', long = "size", conflicts_with = "all", value_parser = parse_bytes, value_name = "BYTES")]
     pub size: Option<u64>,
     /// Every size from 2 B to 8 MiB (powers of two).
     #[arg(short = 'a', long = "all")]
@@ -193,10 +194,10 @@ pub struct TestArgs {
     pub histogram: Option<String>,
     /// Post messages up to this size inline (default 220 for latency, 0 for bandwidth,
     /// clamped to the device's limit).
-    #[arg(short = 'I', long = "inline-size")]
+    #[arg(short = 'I', long = "inline-size", value_parser = parse_bytes_u32, value_name = "BYTES")]
     pub inline: Option<u32>,
-    /// Path MTU in bytes (default: the smaller active MTU of the two ports).
-    #[arg(short = 'm', long = "mtu")]
+    /// Path MTU in bytes, e.g. 4096 or 4K (default: the smaller active MTU of the two ports).
+    #[arg(short = 'm', long = "mtu", value_parser = parse_bytes_u32, value_name = "BYTES")]
     pub mtu: Option<u32>,
     /// Report bandwidth in Gb/s instead of MB/s.
     #[arg(long = "report_gbits", visible_alias = "report-gbits")]
@@ -530,22 +531,6 @@ fn parse_param(s: &str) -> std::result::Result<(String, f64), String> {
     Ok((k.trim().to_string(), v))
 }
 
-/// A byte count: `67108864`, `64M`, `64MiB`, `1G`, `512K` (binary multiples).
-pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(digits);
-    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size; use bytes or K/M/G, e.g. 64M"))?;
-    let shift = match unit.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        _ => return Err(format!("unknown unit in {s:?}; use K, M or G (binary), e.g. 64M")),
-    };
-    n.checked_mul(1 << shift).filter(|b| *b > 0).ok_or_else(|| format!("{s:?} is out of range; use 1 byte to 16 EiB"))
-}
-
 fn seconds(flag: &str, v: f64) -> Result<Duration> {
     if v.is_finite() && v > 0.0 && v <= 86_400.0 {
         Ok(Duration::from_secs_f64(v))
@@ -689,6 +674,25 @@ mod tests {
         assert_eq!(set.ring, Some(RingParams { capacity: 4 << 20, notify: Notify::Poll, batch: 4 }));
         let server = test_args(&["ring-bw", "--capacity", "4M"]);
         assert_eq!(server.test_flags_given(), vec!["--capacity"], "a server ignores the client's ring flags");
+    }
+
+    #[test]
+    fn every_byte_valued_flag_takes_the_same_suffixes() {
+        let a = test_args(&["write-bw", "-s", "64K", "-I", "128", "-m", "4K", "host"]);
+        assert_eq!((a.size, a.inline, a.mtu), (Some(65536), Some(128), Some(4096)));
+        let a = test_args(&["write-bw", "-s", "8MiB"]);
+        assert_eq!(a.size, Some(8 << 20));
+        let a = test_args(&["ring-bw", "--capacity", "64KiB", "-s", "1KB"]);
+        assert_eq!((a.capacity, a.size), (Some(65536), Some(1024)));
+        let Command::Validate(v) = parse(&["validate", "--profile", "generic", "--mr-size", "1GiB"]).unwrap().command
+        else {
+            panic!()
+        };
+        assert_eq!(v.mr_size, 1 << 30);
+        for bad in [&["write-bw", "-s", "64Q"][..], &["write-bw", "-m", "8G"], &["write-bw", "-I", "1.5K"]] {
+            let e = parse(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
     }
 
     #[test]

@@ -49,6 +49,18 @@ impl Error {
         }
     }
 
+    /// The one wording of "this process sees no RDMA device", whichever command found it
+    /// (`devices`, a test, `validate`, `nccl-env`): what was seen, then the fix for each
+    /// place a user may be (an RDMA host, a pod, a machine whose kernel has no RDMA).
+    pub fn no_rdma(seen: impl fmt::Display) -> Error {
+        Error::Environment(format!(
+            "no RDMA here: {seen}. Fix: on an RDMA host, load the NIC's driver (soft-RoCE: modprobe rdma_rxe; \
+             rdma link add rxe0 type rxe netdev IFACE); in a pod, request the RDMA resource (`rdmabench k8s \
+             render` shows how); on a machine whose kernel has no RDMA, run inside the soft-RoCE lab: \
+             lab/run -- rdmabench ..."
+        ))
+    }
+
     /// Prefixes the message with context, keeping the class.
     pub fn context(self, what: &str) -> Error {
         match self {
@@ -68,5 +80,22 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_rdma_says_what_was_seen_and_every_fix_in_one_line() {
+        let e = Error::no_rdma("no device under /sys/class/infiniband");
+        assert_eq!(e.exit_code(), 3);
+        let m = e.message();
+        assert!(m.starts_with("no RDMA here: no device under /sys/class/infiniband. Fix:"), "{m}");
+        for part in ["modprobe rdma_rxe", "RDMA resource", "lab/run -- rdmabench"] {
+            assert!(m.contains(part), "{part}: {m}");
+        }
+        assert!(!m.contains('\n'));
+    }
+}
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -20,6 +20,7 @@ pub mod ring;
 pub mod session;
 pub mod signals;
 pub mod stats;
+pub mod units;
 pub mod validate;
 pub mod verbs;
 pub mod workload;

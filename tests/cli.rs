@@ -22,6 +22,28 @@ fn devices_without_rdma_says_so_in_one_line_and_exits_3() {
     assert!(out.stdout.is_empty());
 }
 
+/// devices, a test, validate and nccl-env meet the same condition: one wording, exit 3,
+/// each pointing to the lab.
+#[test]
+fn every_command_words_no_rdma_the_same_and_points_to_the_lab() {
+    if has_rdma() {
+        return;
+    }
+    for args in [
+        &["devices"][..],
+        &["write-lat", "--connect-timeout", "1", "127.0.0.1"],
+        &["validate", "--profile", "generic"],
+        &["nccl-env"],
+    ] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {stderr}");
+        let last = stderr.trim_end().lines().last().unwrap_or("");
+        assert!(last.starts_with("rdmabench: error: no RDMA here: "), "{args:?}: {stderr}");
+        assert!(last.contains(". Fix: ") && last.contains("lab/run -- rdmabench"), "{args:?}: {stderr}");
+    }
+}
+
 #[test]
 fn usage_errors_exit_2_before_touching_a_device() {
     for args in [

@@ -105,7 +105,7 @@ pub fn bandwidth_client(run: &SizeRun, chan: &mut Channel) -> Result<BandwidthRu
     tx.drain(chan)?;
     let elapsed = clock.nanos(start, clock.now());
     tx.settle(chan)?;
-    Ok(BandwidthRun { summary: ThroughputSummary::new(size, i, elapsed, peak.peak_msgs_per_sec()), iterations: i })
+    Ok(BandwidthRun { summary: ThroughputSummary::new(size, i, elapsed, peak.peak()), iterations: i })
 }
 
 /// `ring-bw`, consuming side: reads every record in place until the producer's `Done`.

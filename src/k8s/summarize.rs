@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::fleet::{self, Topology};
 use crate::error::{Error, Result};
+use crate::units::Sig;
 use crate::workload::doc::RunDocument;
 
 /// One pod's line.
@@ -116,7 +117,7 @@ pub fn print(rows: &[Link], out: &mut dyn Write) -> Result<()> {
     writeln!(out, "{:<14} {:<24} {:<24} {:>10} {:>10}  result", "link", "node", "peer node", "Gb/s", "p50 us")
         .map_err(io)?;
     for l in rows {
-        let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+        let f = |v: Option<f64>| v.map_or("-".to_string(), |v| Sig(v).to_string());
         writeln!(
             out,
             "{:<14} {:<24} {:<24} {:>10} {:>10}  {}",

@@ -31,8 +31,8 @@ pub fn compare(args: &CompareArgs, out: &mut dyn Write) -> Result<()> {
         std::fs::write(path, junit::render("rdmabench compare", &junit_cases(&c)))
             .map_err(|e| Error::Environment(format!("cannot write {path}: {e}")))?;
     }
-    match c.regressions() {
-        0 => Ok(()),
-        n => Err(Error::Check(format!("{n} regression(s) of {} against {}", args.current, args.baseline))),
+    match c.failure() {
+        None => Ok(()),
+        Some(why) => Err(Error::Check(format!("{} against {}: {why}", args.current, args.baseline))),
     }
 }

@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::report::junit;
+use crate::units::Sig;
 use crate::workload::doc::RunDocument;
 use crate::workload::metrics::{self, Better, Stats};
 
@@ -59,8 +60,32 @@ pub struct Comparison {
 }
 
 impl Comparison {
-    pub fn regressions(&self) -> usize {
-        self.rows.iter().filter(|r| r.verdict == Verdict::Regressed).count() + self.missing.len()
+    /// Metrics beyond their tolerance in the worse direction.
+    pub fn regressed(&self) -> usize {
+        self.rows.iter().filter(|r| r.verdict == Verdict::Regressed).count()
+    }
+
+    /// Whether the comparison fails: a regression, or a step or size of the baseline that
+    /// this run lacks (what was not measured cannot be shown not to have regressed).
+    pub fn failed(&self) -> bool {
+        self.regressed() > 0 || !self.missing.is_empty()
+    }
+
+    /// Why the comparison failed, in one line: "2 regressed and 1 missing (step ...)".
+    /// None when it passed.
+    pub fn failure(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if self.regressed() > 0 {
+            parts.push(format!("{} metric(s) regressed", self.regressed()));
+        }
+        if !self.missing.is_empty() {
+            parts.push(format!(
+                "{} missing from this run ({}; a missing step or size fails the comparison)",
+                self.missing.len(),
+                self.missing.join(", ")
+            ));
+        }
+        (!parts.is_empty()).then(|| parts.join(" and "))
     }
 }
 
@@ -152,11 +177,13 @@ fn io(e: std::io::Error) -> Error {
     Error::Environment(format!("cannot write the output: {e}"))
 }
 
+/// The median, with the repeats' range: significant digits, so that a change shows at
+/// any magnitude (0.0009 Mpps as well as 6000 MB/s).
 fn spread(s: &Stats) -> String {
     if s.values.len() > 1 {
-        format!("{:.3} ({:.3}..{:.3})", s.median, s.min, s.max)
+        format!("{} ({}..{})", Sig(s.median), Sig(s.min), Sig(s.max))
     } else {
-        format!("{:.3}", s.median)
+        Sig(s.median).to_string()
     }
 }
 
@@ -166,14 +193,14 @@ pub fn print(c: &Comparison, out: &mut dyn Write) -> Result<()> {
     }
     writeln!(
         out,
-        "{:<32} {:>8} {:<8} {:>26} {:>26} {:>9} {:>6}  verdict",
+        "{:<32} {:>8} {:<8} {:>30} {:>30} {:>9} {:>6}  verdict",
         "step", "size", "metric", "baseline", "current", "change", "tol"
     )
     .map_err(io)?;
     for r in &c.rows {
         writeln!(
             out,
-            "{:<32} {:>8} {:<8} {:>26} {:>26} {:>+8.1}% {:>5.1}%  {}",
+            "{:<32} {:>8} {:<8} {:>30} {:>30} {:>+8.1}% {:>5.1}%  {}",
             r.step,
             r.size,
             r.metric,
@@ -186,7 +213,7 @@ pub fn print(c: &Comparison, out: &mut dyn Write) -> Result<()> {
         .map_err(io)?;
     }
     for m in &c.missing {
-        writeln!(out, "MISSING {m}: in the baseline, not in this run").map_err(io)?;
+        writeln!(out, "MISSING {m}: in the baseline, not in this run (fails the comparison)").map_err(io)?;
     }
     let count = |v: Verdict| c.rows.iter().filter(|r| r.verdict == v).count();
     writeln!(

@@ -99,14 +99,43 @@ fn different_environments_are_refused_unless_allowed() {
 }
 
 #[test]
-fn a_missing_step_counts_as_a_regression() {
+fn a_missing_step_is_reported_as_missing_and_fails_the_comparison() {
     let base = doc("mlx5_0", "gbps", &[100.0], None);
     let mut cur = doc("mlx5_0", "gbps", &[100.0], None);
     cur.steps[0].name = "renamed".into();
     let c = compare(&base, &cur, 5.0, false).unwrap();
     assert_eq!(c.missing, ["step \"bw\""]);
-    assert_eq!(c.regressions(), 1);
+    assert_eq!(c.regressed(), 0, "missing is not regressed");
+    assert!(c.failed());
+    let why = c.failure().unwrap();
+    assert!(why.contains("1 missing") && why.contains("step \"bw\"") && !why.contains("regress"), "{why}");
     let mut out = Vec::new();
     print(&c, &mut out).unwrap();
-    assert!(String::from_utf8(out).unwrap().contains("MISSING step \"bw\""));
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.contains("MISSING step \"bw\"") && text.contains("fails the comparison"), "{text}");
+    assert!(text.contains("0 regressed") && text.contains("1 missing"), "{text}");
+    // A regression and a missing step: both named, each as what it is.
+    let mut cur = doc("mlx5_0", "gbps", &[50.0], None);
+    cur.steps.push(cur.steps[0].clone());
+    cur.steps[1].name = "extra".into();
+    let mut base2 = base.clone();
+    base2.steps.push(base.steps[0].clone());
+    base2.steps[1].name = "gone".into();
+    let why = compare(&base2, &cur, 5.0, false).unwrap().failure().unwrap();
+    assert!(why.starts_with("1 metric(s) regressed and 1 missing"), "{why}");
+    // Nothing regressed, nothing missing: passes.
+    assert_eq!(compare(&base, &base, 5.0, false).unwrap().failure(), None);
+}
+
+#[test]
+fn figures_keep_significant_digits_at_any_magnitude() {
+    // A message rate of 0.000938 Mpps against 0.000469: "0.000" on both sides would hide it.
+    let base = doc("mlx5_0", "mpps", &[0.000938], None);
+    let cur = doc("mlx5_0", "mpps", &[0.000469], None);
+    let c = compare(&base, &cur, 5.0, false).unwrap();
+    let mut out = Vec::new();
+    print(&c, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.contains("0.0009380") && text.contains("0.0004690"), "{text}");
+    assert!(text.contains("-50.0%") && text.contains("REGRESSED"), "{text}");
 }

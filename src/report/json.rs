@@ -51,7 +51,7 @@ mod tests {
     use super::*;
     use crate::bench::spec::{Measure, Operation, TestSpec};
     use crate::report::{Environment, LatencyResult, PeerEnvironment, SizeResult};
-    use crate::stats::{LatencyRecorder, ThroughputSummary};
+    use crate::stats::{LatencyRecorder, Peak, ThroughputSummary};
 
     fn schema() -> jsonschema::Validator {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/results/schema/result-v1.schema.json");
@@ -137,7 +137,7 @@ mod tests {
             bytes: 655360,
             duration_ns: 1000,
             latency: None,
-            bandwidth: Some(ThroughputSummary::new(65536, 10, 1000, None)),
+            bandwidth: Some(ThroughputSummary::new(65536, 10, 1000, Peak { msgs_per_sec: None, window_msgs: 10 })),
             data_validated: true,
             ..Default::default()
         }];

@@ -143,8 +143,14 @@ pub fn row(out: &mut dyn Write, r: &SizeResult, units: Units) -> std::io::Result
             msg_rate_mpps: one_way.msg_rate_mpps + rev.msg_rate_mpps,
             ..one_way.clone()
         });
-        let note = if both.is_some() { "   (both directions)" } else { "" };
+        let mut note = if both.is_some() { "   (both directions)".to_string() } else { String::new() };
         let b = both.as_ref().unwrap_or(one_way);
+        if one_way.peak_is_average || r.reverse_bandwidth.as_ref().is_some_and(|r| r.peak_is_average) {
+            note += &format!(
+                "   (peak = average: the run is no longer than the {}-message peak window; raise -n or -D)",
+                one_way.peak_window_messages
+            );
+        }
         let conv = |bps: f64| match units {
             Units::MegaBytes => bps / BYTES_PER_MB,
             Units::GigaBits => bps / BYTES_PER_GBIT,
@@ -169,7 +175,7 @@ pub fn footer(out: &mut dyn Write) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stats::{LatencySummary, ThroughputSummary};
+    use crate::stats::{LatencySummary, Peak, ThroughputSummary};
 
     #[test]
     fn bandwidth_row_converts_units_like_perftest() {
@@ -179,7 +185,12 @@ mod tests {
             bytes: 65536 * 1000,
             duration_ns: 1,
             latency: None,
-            bandwidth: Some(ThroughputSummary::new(65536, 1000, 1_000_000_000, None)),
+            bandwidth: Some(ThroughputSummary::new(
+                65536,
+                1000,
+                1_000_000_000,
+                Peak { msgs_per_sec: Some(1500.0), window_msgs: 100 },
+            )),
             data_validated: false,
             ..Default::default()
         };
@@ -190,6 +201,22 @@ mod tests {
         let mut gb = Vec::new();
         row(&mut gb, &r, Units::GigaBits).unwrap();
         assert!(String::from_utf8(gb).unwrap().contains("0.52"), "65.536e6 B/s = 0.524 Gb/s");
+        assert!(!mb.contains("peak = average"), "a measured peak needs no note: {mb}");
+    }
+
+    #[test]
+    fn a_run_no_longer_than_the_peak_window_says_its_peak_is_the_average() {
+        let peak = Peak { msgs_per_sec: None, window_msgs: 1000 };
+        let r = SizeResult {
+            size: 65536,
+            iterations: 1000,
+            bandwidth: Some(ThroughputSummary::new(65536, 1000, 1_000_000_000, peak)),
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        row(&mut out, &r, Units::MegaBytes).unwrap();
+        let s = String::from_utf8(out).unwrap();
+        assert!(s.contains("peak = average") && s.contains("1000-message peak window"), "{s}");
     }
 
     #[test]

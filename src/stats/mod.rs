@@ -9,4 +9,4 @@ pub mod throughput;
 
 pub use clock::Clock;
 pub use latency::{LatencyRecorder, LatencySummary};
-pub use throughput::{PeakMeter, ThroughputSummary};
+pub use throughput::{Peak, PeakMeter, ThroughputSummary};

@@ -81,10 +81,7 @@ pub fn validate(req: &Request, out: &mut dyn Write) -> Result<()> {
         write_file(path, &junit::render(&format!("validate {}", req.profile.name), &junit_cases(&outcome)))?;
     }
     if outcome.no_rdma {
-        return Err(Error::Environment(format!(
-            "no RDMA device at all under {}: the pod was given none",
-            req.tree.sys.join("class/infiniband").display()
-        )));
+        return Err(Error::no_rdma(format!("no device under {}", req.tree.sys.join("class/infiniband").display())));
     }
     let failed: Vec<String> = outcome
         .checks

@@ -54,10 +54,7 @@ fn qualifies(tree: &Tree, g: &Gid) -> bool {
 pub fn compute(tree: &Tree) -> Result<NcclEnv> {
     let devices = tree.rdma_devices();
     if devices.is_empty() {
-        return Err(Error::Environment(format!(
-            "Not found RDMA device: nothing under {}; request the RDMA resource for the pod",
-            tree.sys.join("class/infiniband").display()
-        )));
+        return Err(Error::no_rdma(format!("no device under {}", tree.sys.join("class/infiniband").display())));
     }
     let mut candidates = Vec::new();
     for d in &devices {

@@ -288,7 +288,8 @@ impl Tree {
         let line = mounts.lines().find(|l| l.split_whitespace().nth(1) == Some("/dev/shm"))?;
         let opts = line.split_whitespace().nth(3).unwrap_or("");
         if let Some(size) = opts.split(',').find_map(|o| o.strip_prefix("size=")) {
-            return parse_size(size);
+            // tmpfs writes k/m/g suffixes; a percentage (size=50%) is not a byte count.
+            return crate::units::parse_bytes(size).ok();
         }
         if self.is_live() { statvfs_size("/dev/shm") } else { None }
     }
@@ -297,18 +298,6 @@ impl Tree {
     pub fn topology_file(&self) -> PathBuf {
         self.topology.join("virtualTopology.xml")
     }
-}
-
-/// A mount option size: bytes, or with a k/m/g suffix.
-pub fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last()? {
-        'k' | 'K' => (&s[..s.len() - 1], 1u64 << 10),
-        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
-        'g' | 'G' => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<u64>().ok().map(|n| n * mult)
 }
 
 fn statvfs_size(path: &str) -> Option<u64> {

@@ -245,7 +245,11 @@ fn nccl_env_refuses_what_the_script_skips() {
         assert!(e.message().contains("Not found RDMA device"), "{what}: {}", e.message());
     }
     let e = nccl_of(&[]).unwrap_err();
-    assert!(e.message().contains("Not found RDMA device"), "{}", e.message());
+    assert!(
+        e.message().starts_with("no RDMA here: no device under") && e.message().contains("lab/run"),
+        "{}",
+        e.message()
+    );
 }
 
 #[test]

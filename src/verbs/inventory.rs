@@ -48,18 +48,12 @@ impl PortInfo {
 pub fn device_list() -> Result<DeviceList> {
     let list = DeviceList::new().map_err(|e| {
         let io = std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_else(|| e.to_string());
-        Error::Environment(format!(
-            "no RDMA here: listing devices failed ({io}); this kernel has no RDMA support or libibverbs \
-             is missing. Load a driver (modprobe rdma_rxe; rdma link add rxe0 type rxe netdev IFACE) or \
-             run inside the soft-RoCE lab: lab/run -- rdmabench ..."
+        Error::no_rdma(format!(
+            "listing devices failed ({io}): this kernel has no RDMA support or libibverbs is missing"
         ))
     })?;
     if list.is_empty() {
-        return Err(Error::Environment(
-            "no RDMA device found (ibv_get_device_list returned none); check /sys/class/infiniband, \
-             the device plugin's resource request, or create one with `rdma link add rxe0 type rxe netdev IFACE`"
-                .into(),
-        ));
+        return Err(Error::no_rdma("libibverbs lists no device (ibv_get_device_list returned none)"));
     }
     Ok(list)
 }

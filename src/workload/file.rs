@@ -17,6 +17,7 @@ use toml::Spanned;
 use super::metrics::{self, Threshold};
 use crate::bench::spec::{AtomicOp, Measure, Operation, TestSpec, Transport};
 use crate::error::{Error, Result};
+use crate::units::Bytes;
 use crate::validate::profiles::ProfileName;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -77,8 +78,8 @@ struct RawStep {
     expect_nics: Option<u32>,
     expect_gpus: Option<u32>,
     test: Option<String>,
-    size: Option<u64>,
-    sizes: Option<Vec<u64>>,
+    size: Option<Bytes>,
+    sizes: Option<Vec<Bytes>>,
     all: Option<bool>,
     iterations: Option<u64>,
     duration: Option<f64>,
@@ -89,8 +90,8 @@ struct RawStep {
     rx_depth: Option<u32>,
     cq_mod: Option<u32>,
     post_list: Option<u32>,
-    inline: Option<u32>,
-    mtu: Option<u32>,
+    inline: Option<Bytes>,
+    mtu: Option<Bytes>,
     bidirectional: Option<bool>,
     events: Option<bool>,
     with_imm: Option<bool>,
@@ -272,9 +273,9 @@ fn step(src: &Source, span: &Range<usize>, s: &RawStep, params: &BTreeMap<String
         (Some(_), Some(_), _) | (Some(_), _, Some(true)) | (_, Some(_), Some(true)) => {
             return Err(err("size", "give one of `size`, `sizes` or `all = true`"));
         }
-        (Some(x), None, _) => vec![x],
+        (Some(x), None, _) => vec![x.0],
         (None, Some(v), _) if v.is_empty() => return Err(err("sizes", "an empty list; give at least one size")),
-        (None, Some(v), _) => v.clone(),
+        (None, Some(v), _) => v.iter().map(|b| b.0).collect(),
         (None, None, Some(true)) => TestSpec::sweep_sizes(),
         (None, None, _) => d.sizes.clone(),
     };
@@ -297,8 +298,8 @@ fn step(src: &Source, span: &Range<usize>, s: &RawStep, params: &BTreeMap<String
         post_list: s.post_list,
         rx_depth: s.rx_depth.unwrap_or(d.rx_depth),
         outstanding_reads: s.outstanding_reads,
-        inline_size: s.inline,
-        mtu: s.mtu,
+        inline_size: s.inline.map(|b| b.to_u32()).transpose().map_err(|m| err("inline", &m))?,
+        mtu: s.mtu.map(|b| b.to_u32()).transpose().map_err(|m| err("mtu", &m))?,
         validate_data: s.validate_data.unwrap_or(false),
         rdma_cm: s.rdma_cm.unwrap_or(false),
         ..d

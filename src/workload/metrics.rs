@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::report::SizeResult;
+use crate::units::Sig;
 
 /// Which way is better for a metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,9 +155,10 @@ impl ThresholdVerdict {
         let op = if self.threshold.at_least { ">=" } else { "<=" };
         match self.value {
             Some(v) => format!(
-                "{} at {} B: {v:.3} {op} {} {}",
+                "{} at {} B: {} {op} {} {}",
                 self.threshold.metric,
                 self.size,
+                Sig(v),
                 self.threshold.limit,
                 if self.pass { "pass" } else { "FAIL" }
             ),
@@ -185,7 +187,7 @@ pub fn judge(thresholds: &[Threshold], stats: &[SizeStats]) -> Vec<ThresholdVerd
 mod tests {
     use super::*;
     use crate::report::LatencyResult;
-    use crate::stats::{LatencySummary, ThroughputSummary};
+    use crate::stats::{LatencySummary, Peak, ThroughputSummary};
 
     fn lat(size: u64, p50_us: f64) -> SizeResult {
         SizeResult {
@@ -207,7 +209,12 @@ mod tests {
     fn bw(size: u64, gbps: f64) -> SizeResult {
         SizeResult {
             size,
-            bandwidth: Some(ThroughputSummary::new(size, 1000, (1000.0 * size as f64 * 8.0 / gbps) as u64, None)),
+            bandwidth: Some(ThroughputSummary::new(
+                size,
+                1000,
+                (1000.0 * size as f64 * 8.0 / gbps) as u64,
+                Peak { msgs_per_sec: None, window_msgs: 1000 },
+            )),
             ..Default::default()
         }
     }

@@ -142,14 +142,8 @@ pub fn client(plan: &Plan, out: &mut dyn Write) -> Result<RunDocument> {
     if !failed.is_empty() {
         return Err(Error::Check(format!("workload {}: step(s) failed: {}", doc.workload, failed.join(", "))));
     }
-    if let Some(c) = &comparison
-        && c.regressions() > 0
-    {
-        return Err(Error::Check(format!(
-            "workload {}: {} regression(s) against the baseline",
-            doc.workload,
-            c.regressions()
-        )));
+    if let Some(why) = comparison.as_ref().and_then(regress::Comparison::failure) {
+        return Err(Error::Check(format!("workload {} against the baseline: {why}", doc.workload)));
     }
     Ok(doc)
 }

@@ -99,3 +99,19 @@ fn step_shape_errors() {
     let e = err("name = \"t\"\n");
     assert!(e.contains("no [[step]]"), "{e}");
 }
+
+#[test]
+fn byte_keys_take_the_flags_suffixes() {
+    let text = format!("{BASE}sizes = [4096, \"64K\", \"1MiB\"]\ninline = \"0\"\nmtu = \"4K\"\n");
+    let w = parse(&text, "w.toml", &BTreeMap::new()).unwrap();
+    let StepKind::Measure(m) = &w.steps[0].kind else { panic!() };
+    assert_eq!(m.spec.sizes, vec![4096, 65536, 1 << 20]);
+    assert_eq!((m.spec.inline_size, m.spec.mtu), (Some(0), Some(4096)));
+    let w = parse(&format!("{BASE}size = \"8M\"\n"), "w.toml", &BTreeMap::new()).unwrap();
+    let StepKind::Measure(m) = &w.steps[0].kind else { panic!() };
+    assert_eq!(m.spec.sizes, vec![8 << 20]);
+    let e = err(&format!("{BASE}size = \"64Q\"\n"));
+    assert!(e.starts_with("w.toml:6:") && e.contains("key `size`") && e.contains("KiB"), "{e}");
+    let e = err(&format!("{BASE}mtu = \"8G\"\n"));
+    assert!(e.starts_with("w.toml:6:") && e.contains("key `mtu`") && e.contains("too large"), "{e}");
+}

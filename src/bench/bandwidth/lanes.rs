@@ -335,7 +335,7 @@ impl<'a> LaneSet<'a> {
             let completed: u64 = self.senders.iter().map(|s| s.completed).sum();
             let last = self.senders.iter().map(|s| s.last_completion).max().unwrap_or(self.start);
             let size = self.senders[0].run.size;
-            ThroughputSummary::new(size, completed, self.clock.nanos(self.start, last), self.peak.peak_msgs_per_sec())
+            ThroughputSummary::new(size, completed, self.clock.nanos(self.start, last), self.peak.peak())
         });
         let received = (!self.receivers.is_empty()).then(|| self.receivers.iter().map(|r| r.received).sum());
         let sent_per_qp = self.sent_per_qp();

@@ -13,7 +13,7 @@ use crate::bench::spec::Operation;
 use crate::error::{Error, Result};
 use crate::session::{Channel, Message, PeerPoll};
 use crate::signals;
-use crate::stats::ThroughputSummary;
+use crate::stats::{Peak, ThroughputSummary};
 
 mod lanes;
 mod threads;

@@ -121,8 +121,8 @@ pub(super) fn drive(
     let sent = send.then(|| {
         let messages: u64 = per_thread.iter().map(|t| t.messages).sum();
         let elapsed = per_thread.iter().map(|t| t.elapsed_ns).max().unwrap_or(0);
-        let peak: f64 = per_thread.iter().map(|t| t.peak_bytes_per_sec).sum::<f64>() / size.max(1) as f64;
-        let summary = ThroughputSummary::new(size, messages, elapsed, Some(peak));
+        let peak = Peak::sum(per_thread.iter().map(ThroughputSummary::peak));
+        let summary = ThroughputSummary::new(size, messages, elapsed, peak);
         BandwidthRun { iterations: messages, summary }
     });
     let received = outcomes.iter().filter_map(|o| o.received).reduce(|a, b| a + b);
