@@ -81,6 +81,8 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+pub type Result<T> = std::result::Result<T, Error>;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +99,3 @@ mod tests {
         assert!(!m.contains('\n'));
     }
 }
-
-pub type Result<T> = std::result::Result<T, Error>;
