@@ -49,6 +49,32 @@ lab_install_packages() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $missing >&2
 }
 
+# The Rust toolchain is the one prerequisite apt cannot give (Debian 12's rustc is too old):
+# says what is missing and how to get it, before a build fails in a less clear way.
+# With "components", also rustfmt and clippy (lab/test runs them).
+lab_check_rust() {
+  local need have missing=""
+  need=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
+  if ! command -v cargo >/dev/null 2>&1 || ! command -v rustc >/dev/null 2>&1; then
+    echo "lab: cargo and rustc $need or newer are needed and not on PATH. Install Rust with rustup" \
+      "(rustup toolchain install stable --component clippy,rustfmt); Debian's rustc is too old. See the README: Before you start." >&2
+    return 1
+  fi
+  have=$(rustc --version | awk '{print $2}')
+  if ! printf '%s\n%s\n' "$need" "$have" | sort -V -C; then
+    echo "lab: rustc $have is too old; rdmabench needs $need or newer (Cargo.toml rust-version). Run: rustup update stable" >&2
+    return 1
+  fi
+  if [ "${1:-}" = components ]; then
+    cargo fmt --version >/dev/null 2>&1 || missing="rustfmt"
+    cargo clippy --version >/dev/null 2>&1 || missing="$missing clippy"
+    if [ -n "$missing" ]; then
+      echo "lab: the rustup component(s) $missing are missing; lab/test runs them. Run: rustup component add$(printf ' %s' $missing)" >&2
+      return 1
+    fi
+  fi
+}
+
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   lab_install_packages
 fi

@@ -253,3 +253,131 @@ mod results {
         assert!(errors.is_empty(), "{errors:?}");
     }
 }
+
+/// lab/test's last line, the README's promises about the two commands, and the toolchain
+/// check: scripts run on fixture logs and a stand-in rustc.
+mod lab_scripts {
+    use super::*;
+
+    const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+    fn summary(host_log: &str, lab_log: &str, expected: usize, stage: &str) -> (Option<i32>, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let (h, l) = (dir.path().join("host.log"), dir.path().join("lab.log"));
+        std::fs::write(&h, host_log).unwrap();
+        std::fs::write(&l, lab_log).unwrap();
+        let out = Command::new("bash")
+            .arg(format!("{ROOT}/lab/summary"))
+            .args([h.to_str().unwrap(), l.to_str().unwrap(), &expected.to_string(), stage])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text.lines().count(), 1, "one line: {text}");
+        (out.status.code(), text.trim_end().to_string())
+    }
+
+    fn lab_lines(results: &[(&str, bool)]) -> String {
+        results.iter().map(|(name, ok)| format!("test {name} ... {}\n", if *ok { "ok" } else { "FAILED" })).collect()
+    }
+
+    const HOST: &str = "running 139 tests\ntest result: ok. 139 passed; 0 failed; 0 ignored; 0 measured\n\
+                        running 12 tests\ntest result: ok. 12 passed; 0 failed; 0 ignored; 0 measured\n";
+
+    #[test]
+    fn lab_test_last_line_gives_the_true_counts_whatever_the_outcome() {
+        let all = lab_lines(&[("lab_00_runs_on_rxe", true), ("lab_a", true), ("lab_b", true)]);
+        let (code, line) = summary(HOST, &(all.clone() + "\ntest result: ok. 3 passed; 0 failed\n"), 3, "");
+        assert_eq!(code, Some(0), "{line}");
+        assert_eq!(
+            line,
+            "lab/test: PASS: lab tests on rxe: 3 passed, 0 failed, 0 did not run, 3 expected; \
+             host tests: 151 passed, 0 failed"
+        );
+
+        // One failed: counted from the per-test lines (the harness's own line agrees).
+        let one_failed = lab_lines(&[("lab_00_runs_on_rxe", true), ("lab_a", false), ("lab_b", true)])
+            + "test result: FAILED. 2 passed; 1 failed\n";
+        let (code, line) = summary(HOST, &one_failed, 3, "");
+        assert_eq!(code, Some(1));
+        assert!(line.starts_with("lab/test: FAILED (not every lab test ran and passed): "), "{line}");
+        assert!(line.contains("2 passed, 1 failed, 0 did not run, 3 expected"), "{line}");
+
+        // The guest died after two tests: no harness summary, the rest did not run.
+        let died = lab_lines(&[("lab_00_runs_on_rxe", true), ("lab_a", true)]) + "test lab_b ... ";
+        let (code, line) = summary(HOST, &died, 3, "lab tests (exit 124)");
+        assert_eq!(code, Some(1));
+        assert!(line.starts_with("lab/test: FAILED (lab tests (exit 124) failed): "), "{line}");
+        assert!(line.contains("2 passed, 0 failed, 1 did not run, 3 expected"), "{line}");
+
+        // An earlier step failed: the host counts as far as they got, no lab test ran.
+        let host_failed = "test result: FAILED. 138 passed; 1 failed; 0 ignored\n";
+        let (code, line) = summary(host_failed, "", 3, "host tests");
+        assert_eq!(code, Some(1));
+        assert_eq!(
+            line,
+            "lab/test: FAILED (host tests failed): lab tests on rxe: 0 passed, 0 failed, 3 did not run, \
+             3 expected; host tests: 138 passed, 1 failed"
+        );
+
+        // Every test passed, but not on rxe (lab_00 is what proves the device).
+        let (code, line) = summary(HOST, &lab_lines(&[("lab_a", true)]), 1, "");
+        assert_eq!(code, Some(1));
+        assert!(line.contains("did not run on rxe"), "{line}");
+    }
+
+    #[test]
+    fn readme_states_the_prerequisites_and_the_last_line_of_each_command() {
+        let readme = std::fs::read_to_string(format!("{ROOT}/README.md")).unwrap();
+        let cargo = std::fs::read_to_string(format!("{ROOT}/Cargo.toml")).unwrap();
+        let need = cargo.lines().find_map(|l| l.strip_prefix("rust-version = \"")).unwrap().trim_end_matches('"');
+        let before = &readme[readme.find("## Before you start").expect("a Before you start section")..];
+        let before = &before[..before.find("## Two commands").unwrap()];
+        for part in [&format!("Rust {need} or newer")[..], "rustfmt", "clippy", "crates.io", "PyPI", "apt"] {
+            assert!(before.contains(part), "Before you start lacks {part:?}");
+        }
+        // The stated last lines are what the commands print.
+        let expected = std::fs::read_to_string(format!("{ROOT}/tests/lab.rs")).unwrap().matches("\nfn lab_").count();
+        let names: Vec<String> =
+            (0..expected).map(|i| if i == 0 { "lab_00_runs_on_rxe".into() } else { format!("lab_{i}") }).collect();
+        let lab = lab_lines(&names.iter().map(|n| (n.as_str(), true)).collect::<Vec<_>>());
+        let (_, line) = summary("test result: ok. 7 passed; 0 failed;\n", &lab, expected, "");
+        let stated = line.replace("host tests: 7 passed", "host tests: N passed");
+        assert!(before.contains(&format!("`{stated}`")), "README should state lab/test's last line: {stated}");
+        assert!(before.contains("`=== workload smoke: PASS ===`"));
+        let smoke = std::fs::read_to_string(format!("{ROOT}/src/workload/run.rs")).unwrap();
+        assert!(smoke.contains("=== workload {}: {} ==="), "the run's closing line is still printed as stated");
+        // .ci/run is exactly the README's test command.
+        let ci = std::fs::read_to_string(format!("{ROOT}/.ci/run")).unwrap();
+        assert!(ci.lines().any(|l| l.trim() == "exec lab/test") && readme.contains("lab/test    # every test"));
+    }
+
+    #[test]
+    fn a_missing_or_old_rust_is_named_with_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let rustc = dir.path().join("rustc");
+        std::fs::write(&rustc, "#!/bin/sh\necho 'rustc 1.63.0 (Debian)'\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&rustc, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = format!("{}:{}", dir.path().display(), std::env::var("PATH").unwrap());
+        let out = Command::new("bash")
+            .args(["-c", ". lab/setup.sh && lab_check_rust"])
+            .current_dir(ROOT)
+            .env("PATH", path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(0));
+        assert!(stderr.contains("rustc 1.63.0 is too old") && stderr.contains("rustup update"), "{stderr}");
+        let out = Command::new("bash")
+            .args(["-c", ". lab/setup.sh && lab_check_rust components"])
+            .current_dir(ROOT)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "this machine builds the project: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

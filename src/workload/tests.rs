@@ -28,7 +28,7 @@ fn params_feed_thresholds_and_can_be_overridden() {
     let text = shipped("acceptance.toml");
     let w = parse(&text, "a.toml", &BTreeMap::new()).unwrap();
     let StepKind::Measure(m) = &w.steps[1].kind else { panic!() };
-    assert_eq!(m.thresholds[0].limit, 200.0);
+    assert_eq!(m.thresholds[0].limit, 1000.0);
     assert_eq!(m.repeat, 3);
     let over = BTreeMap::from([("max_write_p50_us".to_string(), 3.5)]);
     let w = parse(&text, "a.toml", &over).unwrap();
