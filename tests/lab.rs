@@ -145,12 +145,16 @@ fn lab_write_lat_several_sizes_counts_every_sample() {
     }
 }
 
+/// Sizes given with the byte suffixes; every write completes once; the peak is a measured
+/// window's rate when the run is at least two windows long, and the table and JSON say so
+/// when the run is no longer than one window (the peak is then the average).
 #[test]
 fn lab_write_bw_several_sizes_moves_size_times_iterations() {
-    for (size, iters) in [(8u64, 2000u64), (4096, 1000), (65536, 500), (1 << 20, 40)] {
-        let (c, _) = ok_pair("write-bw", &["-s", &size.to_string(), "-n", &iters.to_string(), "--json", "-"]);
+    for (text, size, iters) in [("8", 8u64, 2000u64), ("4K", 4096, 1000), ("64KiB", 65536, 500), ("1M", 1 << 20, 40)] {
+        let (c, _) = ok_pair("write-bw", &["-s", text, "-n", &iters.to_string(), "--json", "-"]);
         let doc = valid_doc(&c.stdout);
         let r = &doc["results"][0];
+        assert_eq!(r["size"], size, "-s {text}");
         assert_eq!(r["iterations"], iters);
         assert_eq!(r["bandwidth"]["messages"], iters, "every posted write completed once");
         assert_eq!(r["bandwidth"]["bytes"], size * iters);
@@ -159,6 +163,14 @@ fn lab_write_bw_several_sizes_moves_size_times_iterations() {
         let peak = r["bandwidth"]["peak_bytes_per_sec"].as_f64().unwrap();
         assert!(avg > 0.0 && peak >= avg, "peak {peak} avg {avg}");
         assert!(c.stderr.contains("BW average[MB/sec]"), "table goes to stderr with --json -: {}", c.stderr);
+        let window = r["bandwidth"]["peak_window_messages"].as_u64().unwrap();
+        let is_average = r["bandwidth"]["peak_is_average"] == true;
+        if iters <= window {
+            assert!(is_average && peak == avg, "{iters} messages, window {window}: {r}");
+            assert!(c.stderr.contains("(peak = average: the run is no longer than the"), "{}", c.stderr);
+        } else if iters >= 2 * window {
+            assert!(!is_average && !c.stderr.contains("peak = average"), "{iters} messages, window {window}: {r}");
+        }
     }
 }
 
