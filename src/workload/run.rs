@@ -217,8 +217,10 @@ fn measure(
     Ok((record, failure, environment))
 }
 
+/// One line per step, then the verdict as the closing line (what a user or a log scraper
+/// reads last).
 fn summary(doc: &RunDocument, out: &mut dyn Write) -> Result<()> {
-    writeln!(out, "\n=== workload {}: {} ===", doc.workload, doc.verdict.to_uppercase()).map_err(io)?;
+    writeln!(out, "\n=== workload {}: every step ===", doc.workload).map_err(io)?;
     for s in &doc.steps {
         let thresholds = s.thresholds.len();
         let failed = s.thresholds.iter().filter(|t| !t.pass).count();
@@ -230,7 +232,7 @@ fn summary(doc: &RunDocument, out: &mut dyn Write) -> Result<()> {
         };
         writeln!(out, "{:<5} {:<40} {detail} ({:.1} s)", s.verdict.to_uppercase(), s.name, s.duration_s).map_err(io)?;
     }
-    Ok(())
+    writeln!(out, "=== workload {}: {} ===", doc.workload, doc.verdict.to_uppercase()).map_err(io)
 }
 
 /// One test case per step and one per threshold.
