@@ -193,14 +193,14 @@ pub fn print(c: &Comparison, out: &mut dyn Write) -> Result<()> {
     }
     writeln!(
         out,
-        "{:<32} {:>8} {:<8} {:>30} {:>30} {:>9} {:>6}  verdict",
+        "{:<32} {:>8} {:<8} {:>34} {:>34} {:>9} {:>6}  verdict",
         "step", "size", "metric", "baseline", "current", "change", "tol"
     )
     .map_err(io)?;
     for r in &c.rows {
         writeln!(
             out,
-            "{:<32} {:>8} {:<8} {:>30} {:>30} {:>+8.1}% {:>5.1}%  {}",
+            "{:<32} {:>8} {:<8} {:>34} {:>34} {:>+8.1}% {:>5.1}%  {}",
             r.step,
             r.size,
             r.metric,
