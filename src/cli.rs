@@ -7,13 +7,13 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::bench::runner::RunOptions;
-use crate::bench::spec::{AtomicOp, Measure, Notify, Operation, RingParams, TestSpec, Transport};
 use crate::error::{Error, Result};
 use crate::k8s::RenderRequest;
 use crate::k8s::fleet::Topology;
 use crate::k8s::manifest::Placement;
 use crate::k8s::platform::Platform;
 use crate::report::table::Units;
+use crate::spec::{AtomicOp, Measure, Notify, Operation, RingParams, TestSpec, Transport};
 use crate::units::{parse_bytes, parse_bytes_u32};
 use crate::validate::profiles::ProfileName;
 use crate::validate::sysfs::{TOPOLOGY_DIR, Tree};

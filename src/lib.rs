@@ -19,6 +19,7 @@ pub mod report;
 pub mod ring;
 pub mod session;
 pub mod signals;
+pub mod spec;
 pub mod stats;
 pub mod units;
 pub mod validate;

@@ -3,8 +3,8 @@
 use clap::Parser;
 
 use rdmabench::bench::runner;
-use rdmabench::bench::spec::{Measure, Operation};
 use rdmabench::cli::{Cli, Command, K8sCommand, RunArgs, TestArgs};
+use rdmabench::spec::{Measure, Operation};
 use rdmabench::{Result, devices, k8s, regress, report, signals, validate, verbs, workload};
 
 fn run_test(operation: Operation, measure: Measure, args: &TestArgs) -> Result<()> {

@@ -13,10 +13,10 @@
 
 use crate::bench::link::{Link, SizeRun};
 use crate::bench::pattern;
-use crate::bench::spec::{AtomicOp, Operation, TestSpec};
 use crate::bench::wait::{RecvRing, SendWindow, Woke, spin_until};
 use crate::error::{Error, Result};
 use crate::session::{Channel, Message};
+use crate::spec::{AtomicOp, Operation, TestSpec};
 use crate::stats::{Clock, LatencyRecorder};
 use crate::verbs::qp::{CqKind, check_completion, completions, imm_of};
 use crate::verbs::{SendRequest, Transport};

@@ -9,11 +9,11 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::bench::spec::{Measure, Operation, TestSpec, check_against_device};
 use crate::bench::wait::RecvRing;
 use crate::error::{Error, Result};
 use crate::report::{Environment, PeerEnvironment};
 use crate::session::{Channel, Endpoint, Message, NicIdentity};
+use crate::spec::{Measure, Operation, TestSpec, check_against_device};
 use crate::stats::Clock;
 use crate::validate::profiles::{self, Sharing};
 use crate::verbs::cm::{self, CmConnection, CmListener};

@@ -1,4 +1,4 @@
-//! Measurements: what a test is (`spec`), the connected pair of resources it runs on
+//! Measurements: the connected pair of resources it runs on
 //! (`link`), the kernels (`latency`, `bandwidth`) with their shared waiting and
 //! send-window logic (`wait`), payload patterns (`pattern`), and the client and server
 //! roles that drive a run over the session (`runner`).
@@ -9,5 +9,4 @@ pub mod link;
 pub mod pattern;
 pub mod ring;
 pub mod runner;
-pub mod spec;
 pub mod wait;

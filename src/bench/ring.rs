@@ -19,11 +19,11 @@ use crate::bench::bandwidth::BandwidthRun;
 use crate::bench::latency::{EchoOutcome, LatencyRun, Limit};
 use crate::bench::link::{Link, SizeRun};
 use crate::bench::pattern;
-use crate::bench::spec::TestSpec;
 use crate::bench::wait::Woke;
 use crate::error::{Error, Result};
 use crate::ring::{Receiver, Record, RingConfig, RingLayout, Sender};
 use crate::session::{Channel, Message};
+use crate::spec::TestSpec;
 use crate::stats::{LatencyRecorder, PeakMeter, ThroughputSummary};
 
 /// Commits between clock reads for the peak rate.

@@ -6,7 +6,6 @@ use std::io::Write;
 use std::time::Duration;
 
 use crate::bench::link::{Prepared, Role, SizeRun};
-use crate::bench::spec::{Measure, Operation, TestSpec, Transport};
 use crate::bench::{bandwidth, latency, ring};
 use crate::error::{Error, Result};
 use crate::report;
@@ -15,6 +14,7 @@ use crate::report::json::{self, Document};
 use crate::report::table::{self, Units};
 use crate::report::{LatencyResult, RunResult, SizeResult};
 use crate::session::{Channel, Message, handshake};
+use crate::spec::{Measure, Operation, TestSpec, Transport};
 use crate::stats::Clock;
 use crate::stats::cpu::CpuMeter;
 use crate::verbs::DeviceSelection;

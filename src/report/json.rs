@@ -49,8 +49,8 @@ pub fn write<T: Serialize>(doc: &T, target: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::spec::{Measure, Operation, TestSpec};
     use crate::report::{Environment, LatencyResult, PeerEnvironment, SizeResult};
+    use crate::spec::{Measure, Operation, TestSpec};
     use crate::stats::{LatencyRecorder, Peak, ThroughputSummary};
 
     fn schema() -> jsonschema::Validator {

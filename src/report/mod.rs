@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::session::NicIdentity;
 
-use crate::bench::spec::TestSpec;
+use crate::spec::TestSpec;
 use crate::stats::{LatencySummary, ThroughputSummary};
 
 /// The environment of a run, as seen from the side that writes the document.

@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use super::{Environment, SizeResult};
-use crate::bench::spec::{Measure, Operation, TestSpec};
+use crate::spec::{Measure, Operation, TestSpec};
 use crate::stats::ThroughputSummary;
 use crate::stats::throughput::{BYTES_PER_GBIT, BYTES_PER_MB};
 

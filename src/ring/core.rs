@@ -24,15 +24,7 @@
 
 use std::collections::VecDeque;
 
-/// The frame word `[len: u32][tag: u32]`, the highest 8 bytes of a record's span.
-pub const FRAME: u64 = 8;
-/// Records start at multiples of this (so payloads are 8-byte aligned); the space left in
-/// a lap is always one, and holds at least an empty pad record (a frame word).
-pub const ALIGN: u64 = 8;
-/// Smallest ring: room for one aligned record and a pad.
-pub const MIN_CAPACITY: u64 = 4096;
-/// Largest ring: positions travel as 32-bit numbers, whose differences must stay unambiguous.
-pub const MAX_CAPACITY: u64 = 1 << 30;
+pub use crate::spec::ring::{ALIGN, FRAME, MAX_CAPACITY, MIN_CAPACITY, check_capacity, max_record, span};
 
 /// The tag's low two bits: what the record is. Neither is zero, so no frame word is.
 const KIND_DATA: u32 = 1;
@@ -49,16 +41,6 @@ fn tag(kind: u32, seq: u64, len: u32) -> u32 {
 
 fn frame_word(kind: u32, seq: u64, len: u32) -> u64 {
     u64::from(len) | (u64::from(tag(kind, seq, len)) << 32)
-}
-
-/// Bytes a record of `len` payload bytes occupies in the ring.
-pub fn span(len: u64) -> u64 {
-    (len + FRAME).next_multiple_of(ALIGN)
-}
-
-/// The largest payload a ring of `capacity` bytes carries (one record filling it).
-pub fn max_record(capacity: u64) -> u64 {
-    capacity.saturating_sub(FRAME)
 }
 
 /// Where the bytes at positions `[pos, pos + n)` lie in a ring of `capacity` (they must not
@@ -83,19 +65,6 @@ fn ranges_of(capacity: u64, from: u64, to: u64) -> [Option<Range>; 2] {
         }
     }
     out
-}
-
-/// Checks a capacity: a power of two within the limits.
-pub fn check_capacity(capacity: u64) -> Result<(), String> {
-    if !capacity.is_power_of_two() || !(MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity) {
-        let nearest = capacity.checked_next_power_of_two().unwrap_or(MAX_CAPACITY).clamp(MIN_CAPACITY, MAX_CAPACITY);
-        return Err(format!(
-            "ring capacity {capacity} B is not a power of two from {MIN_CAPACITY} B to {} MiB; use --capacity \
-             {nearest}",
-            MAX_CAPACITY >> 20
-        ));
-    }
-    Ok(())
 }
 
 /// Reconstructs a full position from its low 32 bits, knowing it lies in

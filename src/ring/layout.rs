@@ -2,55 +2,9 @@
 //! everything lives in each side's registered buffer (`RingLayout`). Both sides compute
 //! the layout from the config alone.
 
-use serde::{Deserialize, Serialize};
-
 use super::core;
-use crate::bench::spec::{Measure, Operation, TestSpec};
-
-/// How the consumer learns that records arrived.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum Notify {
-    /// RDMA WRITE with immediate: one receive completion per write.
-    #[default]
-    Imm,
-    /// The consumer polls each record's frame word (see the module docs for the ordering
-    /// this relies on).
-    Poll,
-}
-
-impl Notify {
-    pub fn label(self) -> &'static str {
-        match self {
-            Notify::Imm => "imm",
-            Notify::Poll => "poll",
-        }
-    }
-}
-
-/// The ring parameters both sides must agree on; part of the test spec.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RingParams {
-    /// Bytes of the consumer's ring (and of the producer's staging ring): a power of two.
-    pub capacity: u64,
-    pub notify: Notify,
-    /// Committed records coalesced into one RDMA WRITE at most (1: every commit is sent).
-    pub batch: u32,
-}
-
-/// The largest ring a test picks by itself (records that need more get the smallest that
-/// holds two of them).
-const DEFAULT_CAPACITY_MAX: u64 = 64 << 20;
-
-impl RingParams {
-    /// A ring with room for `records` records of `max_size`, at least `floor` bytes, at
-    /// most 64 MiB but always holding two records (up to the largest ring).
-    pub fn default_capacity(records: u64, floor: u64, max_size: u64) -> u64 {
-        let span = core::span(max_size);
-        let wanted = span.saturating_mul(records).next_power_of_two().clamp(floor, DEFAULT_CAPACITY_MAX);
-        wanted.max(span.saturating_mul(2).next_power_of_two()).min(core::MAX_CAPACITY)
-    }
-}
+pub use crate::spec::ring::{Notify, RingParams};
+use crate::spec::{Measure, Operation, TestSpec};
 
 /// A ring's configuration, for the library.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,17 +54,7 @@ impl RingConfig {
 
     /// Checks what needs no device.
     pub fn check(&self) -> Result<(), String> {
-        core::check_capacity(self.capacity)?;
-        if self.batch == 0 {
-            return Err("--batch 0: a write carries at least one record; use 1 or more".into());
-        }
-        if self.tx_depth < 2 {
-            return Err(format!("-t {}: a ring needs a send queue of at least 2", self.tx_depth));
-        }
-        if self.notify == Notify::Imm && self.rx_depth < 2 {
-            return Err(format!("-r {}: --notify imm needs at least 2 posted receives", self.rx_depth));
-        }
-        Ok(())
+        crate::spec::ring::check(&self.params(), self.tx_depth, self.rx_depth)
     }
 }
 

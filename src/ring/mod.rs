@@ -79,10 +79,5 @@ mod transport;
 pub use self::core::{MAX_CAPACITY, MIN_CAPACITY, max_record, span};
 pub use layout::{Notify, RingConfig, RingLayout};
 
-/// The parameters a test spec carries.
-#[doc(hidden)]
-pub mod layout_params {
-    pub use super::layout::{Notify, RingParams};
-}
 pub use session::{Consumer, Producer};
 pub use transport::{Receiver, Record, Reservation, Sender, receive_scratch};

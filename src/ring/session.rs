@@ -8,10 +8,10 @@ use std::time::Duration;
 use super::layout::RingConfig;
 use super::transport::{Receiver, Record, Reservation, Sender};
 use crate::bench::link::{Link, Prepared, Role};
-use crate::bench::spec::{Measure, Operation};
 use crate::bench::wait::Woke;
 use crate::error::{Error, Result};
 use crate::session::{Channel, Message, handshake};
+use crate::spec::{Measure, Operation};
 use crate::verbs::DeviceSelection;
 
 /// The producing end of a ring, with its own connection (see the module docs).

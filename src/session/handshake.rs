@@ -5,8 +5,8 @@
 use super::Channel;
 use super::proto::{self, MAGIC, Message, PROTOCOL_VERSION};
 use crate::bench::link::hostname;
-use crate::bench::spec::TestSpec;
 use crate::error::Result;
+use crate::spec::TestSpec;
 
 /// Client side: sends `spec` and takes the server's welcome (or its refusal, as an error).
 pub fn open(chan: &mut Channel, spec: &TestSpec) -> Result<()> {

@@ -8,9 +8,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::bench::spec::TestSpec;
 use crate::error::{Error, Result};
 use crate::report::RunResult;
+use crate::spec::TestSpec;
 use crate::stats::ThroughputSummary;
 
 /// Bumped on any incompatible change of these messages.
@@ -177,8 +177,8 @@ pub fn check_welcome(msg: Message) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::spec::{Measure, Operation};
     use crate::session::frame::{self, FrameError, MAX_FRAME};
+    use crate::spec::{Measure, Operation};
 
     fn hello(version: u32) -> Message {
         Message::Hello {

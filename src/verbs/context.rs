@@ -9,8 +9,8 @@ use sideway::ibverbs::protection_domain::ProtectionDomain;
 
 use super::gid::{self, GidChoice, SideChoice};
 use super::inventory::{self, DeviceInfo, PortInfo};
-use crate::bench::spec::DeviceLimits;
 use crate::error::{Error, Result};
+use crate::spec::DeviceLimits;
 
 /// The device flags: `-d`, `-i`, `-x`.
 #[derive(Debug, Clone, Default)]

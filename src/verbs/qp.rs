@@ -15,7 +15,6 @@ use rdma_mummy_sys::{
     ibv_qp_state, ibv_recv_wr, ibv_req_notify_cq, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status_str,
     ibv_wr_opcode,
 };
-use serde::{Deserialize, Serialize};
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, CompletionQueue};
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{BasicQueuePair, QueuePair, QueuePairType};
@@ -25,6 +24,7 @@ use super::context::Rdma;
 use super::inventory::mtu_enum;
 use crate::error::{Error, Result};
 use crate::session::Endpoint;
+pub use crate::spec::Transport;
 
 pub type Completion = ibv_wc;
 
@@ -37,31 +37,12 @@ pub const UD_QKEY: u32 = 0x1111_1111;
 /// A UD receive buffer starts with room for the 40-byte GRH.
 pub const GRH_BYTES: u64 = 40;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Transport {
-    #[serde(rename = "RC")]
-    Rc,
-    #[serde(rename = "UC")]
-    Uc,
-    #[serde(rename = "UD")]
-    Ud,
-}
-
-impl Transport {
-    pub fn label(self) -> &'static str {
-        match self {
-            Transport::Rc => "RC",
-            Transport::Uc => "UC",
-            Transport::Ud => "UD",
-        }
-    }
-
-    fn qp_type(self) -> QueuePairType {
-        match self {
-            Transport::Rc => QueuePairType::ReliableConnection,
-            Transport::Uc => QueuePairType::UnreliableConnection,
-            Transport::Ud => QueuePairType::UnreliableDatagram,
-        }
+/// The verbs QP type of a transport.
+fn qp_type(t: Transport) -> QueuePairType {
+    match t {
+        Transport::Rc => QueuePairType::ReliableConnection,
+        Transport::Uc => QueuePairType::UnreliableConnection,
+        Transport::Ud => QueuePairType::UnreliableDatagram,
     }
 }
 
@@ -513,7 +494,7 @@ fn build_qp(
     caps: QpCaps,
 ) -> std::result::Result<BasicQueuePair, String> {
     pd.create_qp_builder()
-        .setup_qp_type(transport.qp_type())
+        .setup_qp_type(qp_type(transport))
         .setup_max_send_wr(caps.send_depth.max(1))
         .setup_max_recv_wr(caps.recv_depth.max(1))
         .setup_max_send_sge(1)

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::metrics::{SizeStats, ThresholdVerdict};
-use crate::bench::spec::TestSpec;
 use crate::error::{Error, Result};
 use crate::report::{Environment, SizeResult};
+use crate::spec::TestSpec;
 use crate::validate::checks::Check;
 
 pub const SCHEMA: &str = "rdmabench/run";

@@ -15,8 +15,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::metrics::{self, Threshold};
-use crate::bench::spec::{AtomicOp, Measure, Operation, TestSpec, Transport};
 use crate::error::{Error, Result};
+use crate::spec::{AtomicOp, Measure, Operation, TestSpec, Transport};
 use crate::units::Bytes;
 use crate::validate::profiles::ProfileName;
 

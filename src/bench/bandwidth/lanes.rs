@@ -4,9 +4,9 @@
 
 use crate::bench::link::{Link, SizeRun};
 use crate::bench::pattern;
-use crate::bench::spec::{AtomicOp, Operation, TestSpec};
 use crate::bench::wait::{EVENT_SLICE, RecvRing, SendWindow};
 use crate::error::Result;
+use crate::spec::{AtomicOp, Operation, TestSpec};
 use crate::stats::{Clock, PeakMeter, ThroughputSummary};
 use crate::verbs::qp::{CqKind, check_completion, imm_of, wait_any_event};
 use crate::verbs::{Qp, SendRequest, Transport};

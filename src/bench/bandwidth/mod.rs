@@ -9,10 +9,10 @@
 
 use crate::bench::link::{Link, SizeRun};
 use crate::bench::pattern;
-use crate::bench::spec::Operation;
 use crate::error::{Error, Result};
 use crate::session::{Channel, Message, PeerPoll};
 use crate::signals;
+use crate::spec::Operation;
 use crate::stats::{Peak, ThroughputSummary};
 
 mod lanes;

@@ -6,8 +6,30 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-pub use crate::ring::layout_params::{Notify, RingParams};
-pub use crate::verbs::qp::Transport;
+pub mod ring;
+
+pub use ring::{Notify, RingParams};
+
+/// What a test runs over: the QP transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Transport {
+    #[serde(rename = "RC")]
+    Rc,
+    #[serde(rename = "UC")]
+    Uc,
+    #[serde(rename = "UD")]
+    Ud,
+}
+
+impl Transport {
+    pub fn label(self) -> &'static str {
+        match self {
+            Transport::Rc => "RC",
+            Transport::Uc => "UC",
+            Transport::Ud => "UD",
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -377,16 +399,15 @@ impl TestSpec {
             )));
         }
         let Some(ring) = self.ring else { return Ok(()) };
-        let config = crate::ring::RingConfig::from_spec(self).expect("a ring spec");
-        config.check().map_err(Error::Usage)?;
-        let max = crate::ring::max_record(ring.capacity);
+        ring::check(&ring, self.tx_depth, self.rx_depth).map_err(Error::Usage)?;
+        let max = ring::max_record(ring.capacity);
         if self.max_size() > max {
             return Err(Error::Usage(format!(
                 "record size {} B does not fit a ring of {} B (at most {max} B per record); raise --capacity to \
                  {} or more",
                 self.max_size(),
                 ring.capacity,
-                crate::ring::span(self.max_size()).next_power_of_two()
+                ring::span(self.max_size()).next_power_of_two()
             )));
         }
         if self.validate_data && self.sizes.iter().any(|&s| s < 16) {

@@ -1,0 +1,98 @@
+//! What a ring test agrees on, as plain data, and the record format's sizes: what the
+//! spec checks without the ring library (which builds on these, `crate::ring::core`).
+
+use serde::{Deserialize, Serialize};
+
+/// The frame word `[len: u32][tag: u32]`, the highest 8 bytes of a record's span.
+pub const FRAME: u64 = 8;
+/// Records start at multiples of this (so payloads are 8-byte aligned); the space left in
+/// a lap is always one, and holds at least an empty pad record (a frame word).
+pub const ALIGN: u64 = 8;
+/// Smallest ring: room for one aligned record and a pad.
+pub const MIN_CAPACITY: u64 = 4096;
+/// Largest ring: positions travel as 32-bit numbers, whose differences must stay unambiguous.
+pub const MAX_CAPACITY: u64 = 1 << 30;
+
+/// Bytes a record of `len` payload bytes occupies in the ring.
+pub fn span(len: u64) -> u64 {
+    (len + FRAME).next_multiple_of(ALIGN)
+}
+
+/// The largest payload a ring of `capacity` bytes carries (one record filling it).
+pub fn max_record(capacity: u64) -> u64 {
+    capacity.saturating_sub(FRAME)
+}
+
+/// Checks a capacity: a power of two within the limits.
+pub fn check_capacity(capacity: u64) -> Result<(), String> {
+    if !capacity.is_power_of_two() || !(MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity) {
+        let nearest = capacity.checked_next_power_of_two().unwrap_or(MAX_CAPACITY).clamp(MIN_CAPACITY, MAX_CAPACITY);
+        return Err(format!(
+            "ring capacity {capacity} B is not a power of two from {MIN_CAPACITY} B to {} MiB; use --capacity \
+             {nearest}",
+            MAX_CAPACITY >> 20
+        ));
+    }
+    Ok(())
+}
+
+/// How the consumer learns that records arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Notify {
+    /// RDMA WRITE with immediate: one receive completion per write.
+    #[default]
+    Imm,
+    /// The consumer polls each record's frame word (see the module docs for the ordering
+    /// this relies on).
+    Poll,
+}
+
+impl Notify {
+    pub fn label(self) -> &'static str {
+        match self {
+            Notify::Imm => "imm",
+            Notify::Poll => "poll",
+        }
+    }
+}
+
+/// The ring parameters both sides must agree on; part of the test spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RingParams {
+    /// Bytes of the consumer's ring (and of the producer's staging ring): a power of two.
+    pub capacity: u64,
+    pub notify: Notify,
+    /// Committed records coalesced into one RDMA WRITE at most (1: every commit is sent).
+    pub batch: u32,
+}
+
+/// The largest ring a test picks by itself (records that need more get the smallest that
+/// holds two of them).
+const DEFAULT_CAPACITY_MAX: u64 = 64 << 20;
+
+impl RingParams {
+    /// A ring with room for `records` records of `max_size`, at least `floor` bytes, at
+    /// most 64 MiB but always holding two records (up to the largest ring).
+    pub fn default_capacity(records: u64, floor: u64, max_size: u64) -> u64 {
+        let span = span(max_size);
+        let wanted = span.saturating_mul(records).next_power_of_two().clamp(floor, DEFAULT_CAPACITY_MAX);
+        wanted.max(span.saturating_mul(2).next_power_of_two()).min(MAX_CAPACITY)
+    }
+}
+
+/// The rules a ring's parameters and queue depths must meet, with no device: the library
+/// (`RingConfig::check`) and a test spec check the same.
+pub fn check(params: &RingParams, tx_depth: u32, rx_depth: u32) -> Result<(), String> {
+    check_capacity(params.capacity)?;
+    if params.batch == 0 {
+        return Err("--batch 0: a write carries at least one record; use 1 or more".into());
+    }
+    if tx_depth < 2 {
+        return Err(format!("-t {tx_depth}: a ring needs a send queue of at least 2"));
+    }
+    if params.notify == Notify::Imm && rx_depth < 2 {
+        return Err(format!("-r {rx_depth}: --notify imm needs at least 2 posted receives"));
+    }
+    Ok(())
+}
