@@ -14,6 +14,7 @@ pub mod cli;
 pub mod devices;
 pub mod error;
 pub mod k8s;
+pub mod link;
 pub mod regress;
 pub mod report;
 pub mod ring;

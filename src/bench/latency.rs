@@ -11,10 +11,10 @@
 //! The hot loops post pre-built requests, spin and read the clock: no allocation, no
 //! formatting, no locks.
 
-use crate::bench::link::{Link, SizeRun};
 use crate::bench::pattern;
-use crate::bench::wait::{RecvRing, SendWindow, Woke, spin_until};
 use crate::error::{Error, Result};
+use crate::link::wait::{RecvRing, SendWindow, Woke, spin_until};
+use crate::link::{Link, SizeRun};
 use crate::session::{Channel, Message};
 use crate::spec::{AtomicOp, Operation, TestSpec};
 use crate::stats::{Clock, LatencyRecorder};

@@ -17,10 +17,10 @@ use std::time::Duration;
 
 use crate::bench::bandwidth::BandwidthRun;
 use crate::bench::latency::{EchoOutcome, LatencyRun, Limit};
-use crate::bench::link::{Link, SizeRun};
 use crate::bench::pattern;
-use crate::bench::wait::Woke;
 use crate::error::{Error, Result};
+use crate::link::wait::Woke;
+use crate::link::{Link, SizeRun};
 use crate::ring::{Receiver, Record, RingConfig, RingLayout, Sender};
 use crate::session::{Channel, Message};
 use crate::spec::TestSpec;

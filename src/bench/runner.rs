@@ -5,9 +5,9 @@
 use std::io::Write;
 use std::time::Duration;
 
-use crate::bench::link::{Prepared, Role, SizeRun};
 use crate::bench::{bandwidth, latency, ring};
 use crate::error::{Error, Result};
+use crate::link::{Prepared, Role, SizeRun};
 use crate::report;
 use crate::report::histogram::SizeHistogram;
 use crate::report::json::{self, Document};
@@ -17,7 +17,9 @@ use crate::session::{Channel, Message, handshake};
 use crate::spec::{Measure, Operation, TestSpec, Transport};
 use crate::stats::Clock;
 use crate::stats::cpu::CpuMeter;
+use crate::validate::profiles::{self, Sharing};
 use crate::verbs::DeviceSelection;
+use crate::verbs::Endpoint;
 use hdrhistogram::Histogram;
 
 pub struct RunOptions {
@@ -63,6 +65,7 @@ pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResul
     handshake::open(&mut chan, spec)?;
     let address = format!("{host}:{}", opts.tcp_port);
     let links = prepared.connect(Role::Client, spec, &mut chan)?;
+    check_sharing(spec, &links[0].local, &links[0].remote, chan.peer())?;
     let env = links[0].environment(&address);
 
     let mut out = opts.table_out();
@@ -288,6 +291,7 @@ fn serve(mut chan: Channel, hello: Message, opts: &RunOptions, local_test_flags:
         &spec,
         &mut chan,
     )?;
+    check_sharing(&spec, &links[0].local, &links[0].remote, chan.peer())?;
     let address = chan.peer().to_string();
     let env = links[0].environment(&address);
     table::banner(&mut out, &spec, &env, "server").map_err(io_err)?;
@@ -346,4 +350,20 @@ fn serve(mut chan: Channel, hello: Message, opts: &RunOptions, local_test_flags:
             }
         }
     }
+}
+
+/// Pair validation: with `--profile`, an exclusive mode fails when both sides hold the
+/// same physical NIC. (Sharing in shared modes is reported in the header and the JSON.)
+fn check_sharing(spec: &TestSpec, local: &Endpoint, remote: &Endpoint, peer: &str) -> Result<()> {
+    let Some(profile) = spec.profile.as_deref() else { return Ok(()) };
+    let profile = profiles::by_name(profile)
+        .ok_or_else(|| Error::Usage(format!("unknown profile {profile:?}; see rdmabench validate --help")))?;
+    if profile.sharing == Sharing::Exclusive && local.nic.same_physical_nic(&remote.nic) {
+        return Err(Error::Check(format!(
+            "profile {}: this side ({} on {}) and {peer} ({} on {}) hold the same physical NIC (system image GUID \
+             {}); exclusive mode gives each pod a NIC of its own: the plugin is in a shared mode or gave a NIC twice",
+            profile.name, local.device, local.node, remote.device, remote.node, local.nic.sys_image_guid
+        )));
+    }
+    Ok(())
 }

@@ -59,7 +59,7 @@ mod tests {
         jsonschema::validator_for(&schema).unwrap()
     }
 
-    use crate::session::NicIdentity;
+    use crate::verbs::NicIdentity;
 
     fn env() -> Environment {
         Environment {

@@ -9,7 +9,7 @@ pub mod table;
 
 use serde::{Deserialize, Serialize};
 
-use crate::session::NicIdentity;
+use crate::verbs::NicIdentity;
 
 use crate::spec::TestSpec;
 use crate::stats::{LatencySummary, ThroughputSummary};

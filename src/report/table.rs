@@ -52,7 +52,7 @@ pub fn banner(out: &mut dyn Write, spec: &TestSpec, env: &Environment, role: &st
         " remote GID index {} : {} ({} port {} on {}, {})",
         env.peer.gid_index, env.peer.gid, env.peer.device, env.peer.port, env.peer.host, env.peer.address
     )?;
-    let nic = |n: &crate::session::NicIdentity| {
+    let nic = |n: &crate::verbs::NicIdentity| {
         format!(
             "system image GUID {}{}",
             n.sys_image_guid,

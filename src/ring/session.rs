@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use super::layout::RingConfig;
 use super::transport::{Receiver, Record, Reservation, Sender};
-use crate::bench::link::{Link, Prepared, Role};
-use crate::bench::wait::Woke;
 use crate::error::{Error, Result};
+use crate::link::wait::Woke;
+use crate::link::{Link, Prepared, Role};
 use crate::session::{Channel, Message, handshake};
 use crate::spec::{Measure, Operation};
 use crate::verbs::DeviceSelection;

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use super::core::{Arrival, ConsumerCore, NoRoom, ProducerCore, RecordRef, Reserved, RingMem};
 use super::layout::{Notify, RingConfig, RingLayout, SLOT};
-use crate::bench::link::Link;
-use crate::bench::wait::{SendWindow, Woke, spin_until};
 use crate::error::{Error, Result};
+use crate::link::Link;
+use crate::link::wait::{SendWindow, Woke, spin_until};
 use crate::session::Channel;
 use crate::stats::Clock;
 use crate::verbs::qp::{Completion, check_completion, completions, imm_of};

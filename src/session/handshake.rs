@@ -4,8 +4,8 @@
 
 use super::Channel;
 use super::proto::{self, MAGIC, Message, PROTOCOL_VERSION};
-use crate::bench::link::hostname;
 use crate::error::Result;
+use crate::session::hostname;
 use crate::spec::TestSpec;
 
 /// Client side: sends `spec` and takes the server's welcome (or its refusal, as an error).

@@ -8,4 +8,13 @@ pub mod handshake;
 pub mod proto;
 
 pub use channel::{Channel, PeerPoll};
-pub use proto::{Endpoint, Message, NicIdentity, PROTOCOL_VERSION};
+pub use proto::{Message, PROTOCOL_VERSION};
+
+/// This host's name, as the peer and the reports show it.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}

@@ -21,9 +21,9 @@ use sideway::ibverbs::queue_pair::{BasicQueuePair, QueuePair, QueuePairType};
 
 use super::buffer::RegisteredBuf;
 use super::context::Rdma;
+use super::endpoint::Endpoint;
 use super::inventory::mtu_enum;
 use crate::error::{Error, Result};
-use crate::session::Endpoint;
 pub use crate::spec::Transport;
 
 pub type Completion = ibv_wc;

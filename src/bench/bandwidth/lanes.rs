@@ -2,10 +2,10 @@
 //! timing), its receiving half (`Receiver`: counts and checks arrivals, keeps receives
 //! posted), and the set of lanes one thread drives (`LaneSet`).
 
-use crate::bench::link::{Link, SizeRun};
 use crate::bench::pattern;
-use crate::bench::wait::{EVENT_SLICE, RecvRing, SendWindow};
 use crate::error::Result;
+use crate::link::wait::{EVENT_SLICE, RecvRing, SendWindow};
+use crate::link::{Link, SizeRun};
 use crate::spec::{AtomicOp, Operation, TestSpec};
 use crate::stats::{Clock, PeakMeter, ThroughputSummary};
 use crate::verbs::qp::{CqKind, check_completion, imm_of, wait_any_event};

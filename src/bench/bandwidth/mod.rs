@@ -7,9 +7,9 @@
 //! what landed); for send and write with immediate it keeps its receive queue stocked,
 //! counts and checks every arrival.
 
-use crate::bench::link::{Link, SizeRun};
 use crate::bench::pattern;
 use crate::error::{Error, Result};
+use crate::link::{Link, SizeRun};
 use crate::session::{Channel, Message, PeerPoll};
 use crate::signals;
 use crate::spec::Operation;

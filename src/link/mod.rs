@@ -6,20 +6,25 @@
 //! from its send region into the peer's receive region; RDMA READ fetches the peer's
 //! send region into the local receive region; atomics target the first 8 bytes of the
 //! peer's receive region and return the old value into the local send region.
+//!
+//! Also the waits on the pair (`wait`): spinning with a deadline, the send window, posted
+//! receives. Beneath both the benchmark kernels (`bench`) and the ring library (`ring`).
+
+pub mod wait;
 
 use std::sync::{Arc, Mutex};
 
-use crate::bench::wait::RecvRing;
 use crate::error::{Error, Result};
 use crate::report::{Environment, PeerEnvironment};
-use crate::session::{Channel, Endpoint, Message, NicIdentity};
+use crate::session::{Channel, Message};
 use crate::spec::{Measure, Operation, TestSpec, check_against_device};
 use crate::stats::Clock;
-use crate::validate::profiles::{self, Sharing};
 use crate::verbs::cm::{self, CmConnection, CmListener};
 use crate::verbs::gid::{self, Family, GidKind, LinkLayer, SideChoice};
 use crate::verbs::qp::GRH_BYTES;
 use crate::verbs::{DeviceSelection, Qp, QpCaps, Rdma, RecvRequest, RegisteredBuf, Transport};
+use crate::verbs::{Endpoint, NicIdentity};
+use wait::RecvRing;
 
 /// Validated bandwidth runs cycle over this much memory per region at most, so each
 /// in-flight message has its own slot and can be checked where it lands.
@@ -120,14 +125,6 @@ pub struct Link {
     _cm: Option<CmConnection>,
 }
 
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "unknown".into())
-}
-
 /// Local resources, ready to be connected: opened and checked before any peer is
 /// involved, so bad flags fail at once, without a server. One lane (QP, buffer, endpoint)
 /// per `-q` QP, all on one device and protection domain.
@@ -160,7 +157,7 @@ impl Prepared {
             let buf = RegisteredBuf::new(&rdma.pd, layout.total_len())?;
             let qp = Qp::create(&rdma, spec.transport, caps)?;
             let local = Endpoint {
-                node: hostname(),
+                node: crate::session::hostname(),
                 device: rdma.name().to_string(),
                 port: rdma.port.port,
                 link_layer: rdma.port.link_layer.label().into(),
@@ -223,7 +220,6 @@ impl Prepared {
                     layout.total_len()
                 )));
             }
-            check_sharing(spec, &local, &remote, chan.peer())?;
             let me = format!("this side ({}, {} port {})", local.node, local.device, local.port);
             let them = format!("{} ({} port {})", chan.peer(), remote.device, remote.port);
             gid::check_pair(&rdma.side_choice(me), &side_of(&remote, them)?)?;
@@ -348,22 +344,6 @@ fn nic_identity(rdma: &Rdma) -> NicIdentity {
         .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
         .filter(|n| n.contains(':'));
     NicIdentity { node_guid: rdma.info.node_guid.clone(), sys_image_guid: rdma.info.sys_image_guid.clone(), pci }
-}
-
-/// Pair validation: with `--profile`, an exclusive mode fails when both sides hold the
-/// same physical NIC. (Sharing in shared modes is reported in the header and the JSON.)
-fn check_sharing(spec: &TestSpec, local: &Endpoint, remote: &Endpoint, peer: &str) -> Result<()> {
-    let Some(profile) = spec.profile.as_deref() else { return Ok(()) };
-    let profile = profiles::by_name(profile)
-        .ok_or_else(|| Error::Usage(format!("unknown profile {profile:?}; see rdmabench validate --help")))?;
-    if profile.sharing == Sharing::Exclusive && local.nic.same_physical_nic(&remote.nic) {
-        return Err(Error::Check(format!(
-            "profile {}: this side ({} on {}) and {peer} ({} on {}) hold the same physical NIC (system image GUID \
-             {}); exclusive mode gives each pod a NIC of its own: the plugin is in a shared mode or gave a NIC twice",
-            profile.name, local.device, local.node, remote.device, remote.node, local.nic.sys_image_guid
-        )));
-    }
-    Ok(())
 }
 
 fn expect_endpoint(chan: &mut Channel) -> Result<Endpoint> {

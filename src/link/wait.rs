@@ -2,8 +2,8 @@
 //! only when a wait runs long (over `IDLE_CHECK`) look at signals, the deadline and the
 //! control channel. The common fast path costs one clock read per `SPINS_PER_CHECK` spins.
 
-use crate::bench::link::Link;
 use crate::error::{Error, Result};
+use crate::link::Link;
 use crate::session::{Channel, Message, PeerPoll};
 use crate::signals;
 use crate::stats::Clock;
