@@ -12,6 +12,8 @@ use crate::k8s::RenderRequest;
 use crate::k8s::fleet::Topology;
 use crate::k8s::manifest::Placement;
 use crate::k8s::platform::Platform;
+use crate::regress::command::Request as CompareRequest;
+use crate::report::plot::Request as PlotRequest;
 use crate::report::table::Units;
 use crate::spec::{AtomicOp, Measure, Notify, Operation, RingParams, TestSpec, Transport};
 use crate::units::{parse_bytes, parse_bytes_u32};
@@ -402,6 +404,19 @@ pub struct CompareArgs {
     pub junit: Option<String>,
 }
 
+impl CompareArgs {
+    pub fn request(&self) -> CompareRequest {
+        CompareRequest {
+            baseline: self.baseline.clone(),
+            current: self.current.clone(),
+            tolerance: self.tolerance,
+            allow_env_mismatch: self.allow_env_mismatch,
+            json: self.json.clone(),
+            junit: self.junit.clone(),
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct PlotArgs {
     /// A run document or a test's result document.
@@ -412,6 +427,12 @@ pub struct PlotArgs {
     /// Also draw the latency CDF from this --histogram file.
     #[arg(long, value_name = "FILE")]
     pub histogram: Option<String>,
+}
+
+impl PlotArgs {
+    pub fn request(&self) -> PlotRequest {
+        PlotRequest { result: self.result.clone(), output: self.output.clone(), histogram: self.histogram.clone() }
+    }
 }
 
 #[derive(Subcommand, Debug)]

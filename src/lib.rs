@@ -1,17 +1,33 @@
 //! rdmabench: an RDMA verbs benchmark and validation harness.
 //!
-//! The data path of a test: spec (`bench::spec`) -> session (`session`, TCP control
-//! channel) -> kernel (`bench::latency`, `bench::bandwidth`, on `verbs`) -> samples and
-//! summary (`stats`) -> report (`report`: table and JSON). `verbs` is the only module
-//! that talks to libibverbs (through sideway). `validate` checks what a device plugin
-//! gave a pod and computes the NCCL environment, from sysfs. `workload` runs suites of
-//! steps with thresholds; `regress` compares a run with a baseline. `ring` is the
-//! zero-copy registered-memory ring buffer, a library of its own (`ring-bw`/`ring-lat`
-//! measure it).
+//! The data path of a test: spec (`spec`) -> session (`session`, the TCP control channel)
+//! -> the connected pair (`link`: buffers, QPs, endpoints, waits) -> kernel (`bench`) ->
+//! samples and summary (`stats`) -> report (`report`: table, JSON, JUnit, SVG). `verbs` is
+//! the only module that talks to libibverbs (through sideway). `validate` checks what a
+//! device plugin gave a pod and computes the NCCL environment, from sysfs. `workload` runs
+//! suites of steps with thresholds; `regress` compares a run with a baseline; `k8s` renders
+//! the Jobs. `ring` is the zero-copy registered-memory ring buffer, a library of its own
+//! on `link` (`ring-bw`/`ring-lat` in `bench` measure it).
+//!
+//! ## Layers
+//! Every import points down: a module uses only the layers below its own, and modules of its
+//! own layer without a circle. `tests/layers.rs` reads this table and fails otherwise.
+//!
+//! | layer | modules | what it owns |
+//! |---|---|---|
+//! | app | main, cli | parse flags, map errors to exit codes |
+//! | suites | workload, regress, k8s | suites and verdicts, baselines, manifests and fleets |
+//! | bench | bench | the kernels (latency, bandwidth, ring) and the roles that drive them |
+//! | ring | ring | the zero-copy ring library: pure core + transport on `link` |
+//! | validate | validate | what a pod was given, checked against a platform mode |
+//! | link | link | the connected pair: buffers, QPs, endpoints exchanged, waits and windows |
+//! | session | session | control channel: frames, handshake, deadlines, peer loss |
+//! | report | report | tables, JSON, JUnit, SVG from plain result types |
+//! | verbs | verbs | the only binding to libibverbs and rdma_cm |
+//! | base | spec, stats, units, error, signals | what a test is; clock, histograms; units; errors; signals |
 
 pub mod bench;
 pub mod cli;
-pub mod devices;
 pub mod error;
 pub mod k8s;
 pub mod link;

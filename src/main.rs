@@ -5,7 +5,7 @@ use clap::Parser;
 use rdmabench::bench::runner;
 use rdmabench::cli::{Cli, Command, K8sCommand, RunArgs, TestArgs};
 use rdmabench::spec::{Measure, Operation};
-use rdmabench::{Result, devices, k8s, regress, report, signals, validate, verbs, workload};
+use rdmabench::{Result, k8s, regress, report, signals, validate, verbs, workload};
 
 fn run_test(operation: Operation, measure: Measure, args: &TestArgs) -> Result<()> {
     let opts = args.options()?;
@@ -88,13 +88,13 @@ fn run(cli: Cli) -> Result<()> {
     }
     let out = &mut std::io::stdout().lock();
     match cli.command {
-        Command::Devices { json } => devices::print(&verbs::inventory::inventory()?, json, out),
+        Command::Devices { json } => report::devices::print(&verbs::inventory::inventory()?, json, out),
         Command::Validate(args) => validate::validate(&args.request(), out),
         Command::NcclEnv(args) => validate::nccl_env(&args.tree.tree(), args.format, out),
         Command::Run(args) if args.json.as_deref() == Some("-") => run_workload(&args, &mut std::io::stderr()),
         Command::Run(args) => run_workload(&args, out),
-        Command::Compare(args) => regress::command::compare(&args, out),
-        Command::Plot(args) => report::plot::command(&args),
+        Command::Compare(args) => regress::command::compare(&args.request(), out),
+        Command::Plot(args) => report::plot::command(&args.request()),
         Command::K8s { command } => k8s_command(command, out),
         Command::Summarize(a) => k8s::summarize::command(&a.logs, a.pods.map(|n| (n, a.topology)), a.json, out),
         _ => unreachable!("every other command is a test"),

@@ -21,7 +21,7 @@ use crate::bench::pattern;
 use crate::error::{Error, Result};
 use crate::link::wait::Woke;
 use crate::link::{Link, SizeRun};
-use crate::ring::{Receiver, Record, RingConfig, RingLayout, Sender};
+use crate::ring::{Receiver, Record, RingConfig, Sender};
 use crate::session::{Channel, Message};
 use crate::spec::TestSpec;
 use crate::stats::{LatencyRecorder, PeakMeter, ThroughputSummary};
@@ -32,7 +32,7 @@ const PEAK_EVERY: u64 = 64;
 /// Clears this side's ring and credit words: before `Ready`/`Start`, when the peer writes
 /// none of it.
 pub fn prepare(link: &Link, spec: &TestSpec) {
-    let Some(layout) = RingLayout::of(spec) else { return };
+    let Some(layout) = spec.ring_layout() else { return };
     // SAFETY: the peer writes here only after this side answers (see the module docs), and
     // the previous size's writes all completed before it ended.
     unsafe {

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::fleet::{self, Topology};
 use crate::error::{Error, Result};
+use crate::report::run::RunDocument;
 use crate::units::Sig;
-use crate::workload::doc::RunDocument;
 
 /// One pod's line.
 #[derive(Debug, Clone, Deserialize)]

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use crate::error::{Error, Result};
 use crate::report::{Environment, PeerEnvironment};
 use crate::session::{Channel, Message};
+use crate::spec::ring::{self, Notify};
 use crate::spec::{Measure, Operation, TestSpec, check_against_device};
 use crate::stats::Clock;
 use crate::verbs::cm::{self, CmConnection, CmListener};
@@ -54,10 +55,10 @@ pub struct Layout {
 
 impl Layout {
     pub fn new(spec: &TestSpec) -> Layout {
-        if let Some(ring) = crate::ring::RingLayout::of(spec) {
+        if let Some(ring) = spec.ring_layout() {
             // The ring lays out the whole buffer itself; receives only announce writes.
             let rx_depth = match spec.ring.map(|r| r.notify) {
-                Some(crate::ring::Notify::Imm) => spec.rx_depth,
+                Some(Notify::Imm) => spec.rx_depth,
                 _ => 0,
             };
             return Layout {
@@ -262,12 +263,10 @@ impl Prepared {
                 receives: Mutex::new(None),
                 _cm: cm,
             };
-            if let (Some(ring), Some(crate::ring::Notify::Imm)) =
-                (crate::ring::RingLayout::of(spec), spec.ring.map(|r| r.notify))
-            {
+            if let (Some(ring), Some(Notify::Imm)) = (spec.ring_layout(), spec.ring.map(|r| r.notify)) {
                 // A ring's writes with immediate each consume a receive; posted now, before
                 // the peer may write, and kept stocked by the ring's receiver.
-                let (at, len) = crate::ring::receive_scratch(&ring);
+                let (at, len) = ring::receive_scratch(&ring);
                 let mut recvs: Vec<_> =
                     (0..spec.rx_depth).map(|i| RecvRequest::new(&link.buf, at, len, u64::from(i))).collect();
                 link.qp.post_recv_batch(&mut recvs)?;

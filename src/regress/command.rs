@@ -4,12 +4,24 @@
 use std::io::Write;
 
 use super::{compare as compare_docs, junit_cases, print};
-use crate::cli::CompareArgs;
 use crate::error::{Error, Result};
 use crate::report::junit;
-use crate::workload::doc;
+use crate::report::run as doc;
 
-pub fn compare(args: &CompareArgs, out: &mut dyn Write) -> Result<()> {
+/// What to compare and where to write the outcome.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub baseline: String,
+    pub current: String,
+    /// Default tolerance, percent (per-metric ones recorded from the workload win).
+    pub tolerance: f64,
+    pub allow_env_mismatch: bool,
+    /// JSON to this file, or to stdout with `-` (the table then goes to stderr).
+    pub json: Option<String>,
+    pub junit: Option<String>,
+}
+
+pub fn compare(args: &Request, out: &mut dyn Write) -> Result<()> {
     let base = doc::read(&args.baseline)?;
     let cur = doc::read(&args.current)?;
     let c = compare_docs(&base, &cur, args.tolerance, args.allow_env_mismatch)?;

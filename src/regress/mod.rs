@@ -11,9 +11,9 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::report::junit;
+use crate::report::metrics::{self, Better, Stats};
+use crate::report::run::RunDocument;
 use crate::units::Sig;
-use crate::workload::doc::RunDocument;
-use crate::workload::metrics::{self, Better, Stats};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

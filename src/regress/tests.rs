@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::workload::doc::StepRecord;
-use crate::workload::metrics::SizeStats;
+use crate::report::metrics::SizeStats;
+use crate::report::run::StepRecord;
 
 fn env(device: &str, mtu: u32) -> crate::report::Environment {
     serde_json::from_value(serde_json::json!({

@@ -1,10 +1,14 @@
 //! What a run produced and how it is shown: the result types shared by the table, the
 //! JSON document (schema in results/schema/) and the session's final report.
 
+pub mod check;
+pub mod devices;
 pub mod histogram;
 pub mod json;
 pub mod junit;
+pub mod metrics;
 pub mod plot;
+pub mod run;
 pub mod table;
 
 use serde::{Deserialize, Serialize};

@@ -5,9 +5,8 @@
 
 use std::fmt::Write as _;
 
-use crate::cli::PlotArgs;
 use crate::error::{Error, Result};
-use crate::workload::doc::{self, RunDocument};
+use crate::report::run::{self as doc, RunDocument};
 
 const W: f64 = 760.0;
 const H: f64 = 400.0;
@@ -246,7 +245,16 @@ pub fn cdf_chart(entries: &[(String, hdrhistogram::Histogram<u64>)]) -> Chart {
     }
 }
 
-pub fn command(args: &PlotArgs) -> Result<()> {
+/// What to plot: a run or result document, where to write the SVG (default: beside it),
+/// and optionally a `--histogram` file for the latency CDF.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub result: String,
+    pub output: Option<String>,
+    pub histogram: Option<String>,
+}
+
+pub fn command(args: &Request) -> Result<()> {
     let doc = doc::read(&args.result)?;
     let mut charts = charts(&doc);
     if let Some(h) = &args.histogram {

@@ -3,7 +3,7 @@
 //! the layout from the config alone.
 
 use super::core;
-pub use crate::spec::ring::{Notify, RingParams};
+pub use crate::spec::ring::{Notify, RingLayout, RingParams};
 use crate::spec::{Measure, Operation, TestSpec};
 
 /// A ring's configuration, for the library.
@@ -55,58 +55,5 @@ impl RingConfig {
     /// Checks what needs no device.
     pub fn check(&self) -> Result<(), String> {
         crate::spec::ring::check(&self.params(), self.tx_depth, self.rx_depth)
-    }
-}
-
-/// Offsets in each side's buffer. Each side has both rings, so one connection carries a
-/// stream each way (the latency test echoes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RingLayout {
-    pub capacity: u64,
-    /// The consumer's ring: the peer's producer writes here.
-    pub rx: u64,
-    /// The producer's staging ring, mirrored onto the peer's `rx`.
-    pub tx: u64,
-    /// The credit word: `[released position: u32][receives reposted: u32]`, written by the
-    /// peer's consumer.
-    pub credit_in: u64,
-    /// The credit request counter (u32), written by the peer's producer.
-    pub request_in: u64,
-    /// Sources of the small writes (credit words, requests): 16 bytes each, one per send
-    /// queue entry so none is reused while in flight.
-    pub slots: u64,
-    pub slot_count: u64,
-    pub total: u64,
-}
-
-pub const SLOT: u64 = 16;
-
-impl RingLayout {
-    pub fn new(capacity: u64, tx_depth: u32) -> RingLayout {
-        let rx = 0;
-        let tx = capacity;
-        let credit_in = 2 * capacity;
-        let request_in = credit_in + 8;
-        let slots = credit_in + 64;
-        let slot_count = u64::from(tx_depth.max(1));
-        RingLayout {
-            capacity,
-            rx,
-            tx,
-            credit_in,
-            request_in,
-            slots,
-            slot_count,
-            total: (slots + slot_count * SLOT).next_multiple_of(4096),
-        }
-    }
-
-    pub fn of(spec: &TestSpec) -> Option<RingLayout> {
-        spec.ring.map(|r| RingLayout::new(r.capacity, spec.tx_depth))
-    }
-
-    /// The `n`-th small-write source slot (cycling).
-    pub fn slot(&self, n: u64) -> u64 {
-        self.slots + (n % self.slot_count) * SLOT
     }
 }

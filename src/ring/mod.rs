@@ -80,4 +80,4 @@ pub use self::core::{MAX_CAPACITY, MIN_CAPACITY, max_record, span};
 pub use layout::{Notify, RingConfig, RingLayout};
 
 pub use session::{Consumer, Producer};
-pub use transport::{Receiver, Record, Reservation, Sender, receive_scratch};
+pub use transport::{Receiver, Record, Reservation, Sender};

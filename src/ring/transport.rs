@@ -11,11 +11,12 @@ use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use super::core::{Arrival, ConsumerCore, NoRoom, ProducerCore, RecordRef, Reserved, RingMem};
-use super::layout::{Notify, RingConfig, RingLayout, SLOT};
+use super::layout::{Notify, RingConfig, RingLayout};
 use crate::error::{Error, Result};
 use crate::link::Link;
 use crate::link::wait::{SendWindow, Woke, spin_until};
 use crate::session::Channel;
+use crate::spec::ring::receive_scratch;
 use crate::stats::Clock;
 use crate::verbs::qp::{Completion, check_completion, completions, imm_of};
 use crate::verbs::{RecvRequest, SendRequest};
@@ -448,11 +449,6 @@ struct ReceiverState {
 pub struct Record<'c, L: Borrow<Link>> {
     rx: &'c Receiver<L>,
     rec: RecordRef,
-}
-
-/// Where a write with immediate's receive points: nothing is placed through it.
-pub fn receive_scratch(layout: &RingLayout) -> (usize, u32) {
-    (layout.slot(0) as usize, SLOT as u32)
 }
 
 impl<L: Borrow<Link>> Receiver<L> {

@@ -389,6 +389,11 @@ impl TestSpec {
 }
 
 impl TestSpec {
+    /// Where a ring test's rings and credit words lie in each side's buffer.
+    pub fn ring_layout(&self) -> Option<ring::RingLayout> {
+        self.ring.map(|r| ring::RingLayout::new(r.capacity, self.tx_depth))
+    }
+
     /// A ring test's own rules: a valid ring, records that fit it, and the options that
     /// have a meaning for a ring.
     fn check_ring(&self) -> Result<()> {

@@ -96,3 +96,57 @@ pub fn check(params: &RingParams, tx_depth: u32, rx_depth: u32) -> Result<(), St
     }
     Ok(())
 }
+
+/// Offsets in each side's buffer. Each side has both rings, so one connection carries a
+/// stream each way (the latency test echoes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingLayout {
+    pub capacity: u64,
+    /// The consumer's ring: the peer's producer writes here.
+    pub rx: u64,
+    /// The producer's staging ring, mirrored onto the peer's `rx`.
+    pub tx: u64,
+    /// The credit word: `[released position: u32][receives reposted: u32]`, written by the
+    /// peer's consumer.
+    pub credit_in: u64,
+    /// The credit request counter (u32), written by the peer's producer.
+    pub request_in: u64,
+    /// Sources of the small writes (credit words, requests): 16 bytes each, one per send
+    /// queue entry so none is reused while in flight.
+    pub slots: u64,
+    pub slot_count: u64,
+    pub total: u64,
+}
+
+pub const SLOT: u64 = 16;
+
+impl RingLayout {
+    pub fn new(capacity: u64, tx_depth: u32) -> RingLayout {
+        let rx = 0;
+        let tx = capacity;
+        let credit_in = 2 * capacity;
+        let request_in = credit_in + 8;
+        let slots = credit_in + 64;
+        let slot_count = u64::from(tx_depth.max(1));
+        RingLayout {
+            capacity,
+            rx,
+            tx,
+            credit_in,
+            request_in,
+            slots,
+            slot_count,
+            total: (slots + slot_count * SLOT).next_multiple_of(4096),
+        }
+    }
+
+    /// The `n`-th small-write source slot (cycling).
+    pub fn slot(&self, n: u64) -> u64 {
+        self.slots + (n % self.slot_count) * SLOT
+    }
+}
+
+/// Where a write with immediate's receive points: nothing is placed through it.
+pub fn receive_scratch(layout: &RingLayout) -> (usize, u32) {
+    (layout.slot(0) as usize, SLOT as u32)
+}

@@ -4,8 +4,6 @@
 
 use std::collections::BTreeSet;
 
-use serde::{Deserialize, Serialize};
-
 use super::profiles::{GidFamily, NicCount, Profile, Sharing};
 use super::sysfs::{Gid, Port, RdmaDevice, Tree};
 use crate::verbs::memlock::human_bytes;
@@ -15,38 +13,7 @@ const CAP_SYS_RESOURCE: u32 = 24;
 /// Container runtimes mount /dev/shm with 64 MiB unless told otherwise.
 const DEFAULT_SHM: u64 = 64 << 20;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Status {
-    Pass,
-    Skip,
-    Warn,
-    Fail,
-}
-
-impl Status {
-    pub fn label(self) -> &'static str {
-        match self {
-            Status::Pass => "pass",
-            Status::Skip => "skip",
-            Status::Warn => "warn",
-            Status::Fail => "fail",
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Check {
-    /// Stable name, e.g. `port-active`.
-    pub id: String,
-    /// What it is about: `mlx5_0/1`, `process`, ...
-    pub subject: String,
-    pub status: Status,
-    pub seen: String,
-    pub expected: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fix: Option<String>,
-}
+pub use crate::report::check::{Check, Status};
 
 /// The outcome of registering `--mr-size` bytes, done by the caller on a live system.
 #[derive(Debug, Clone, PartialEq)]

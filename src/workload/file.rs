@@ -14,8 +14,8 @@ use clap::ValueEnum;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::metrics::{self, Threshold};
 use crate::error::{Error, Result};
+use crate::report::metrics::{self, Threshold};
 use crate::spec::{AtomicOp, Measure, Operation, TestSpec, Transport};
 use crate::units::Bytes;
 use crate::validate::profiles::ProfileName;

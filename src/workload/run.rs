@@ -6,13 +6,13 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use super::doc::{self, RunDocument, StepRecord};
 use super::file::{Measurement, StepKind, Workload};
-use super::metrics;
 use crate::bench::runner::{self, RunOptions};
 use crate::error::{Error, Result};
 use crate::regress;
 use crate::report::junit;
+use crate::report::metrics;
+use crate::report::run::{self as doc, RunDocument, StepRecord};
 use crate::report::table::Units;
 use crate::validate::{self, Request, sysfs::Tree};
 use crate::verbs::DeviceSelection;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::report::SizeResult;
+use super::SizeResult;
 use crate::units::Sig;
 
 /// Which way is better for a metric.

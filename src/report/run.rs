@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::check::Check;
 use super::metrics::{SizeStats, ThresholdVerdict};
+use super::{Environment, SizeResult};
 use crate::error::{Error, Result};
-use crate::report::{Environment, SizeResult};
 use crate::spec::TestSpec;
-use crate::validate::checks::Check;
 
 pub const SCHEMA: &str = "rdmabench/run";
 pub const SCHEMA_VERSION: u32 = 1;
@@ -84,8 +84,8 @@ pub fn read(path: &str) -> Result<RunDocument> {
             }
             serde_json::from_value(v).map_err(bad)
         }
-        Some(crate::report::json::SCHEMA) => {
-            let doc: crate::report::json::Document = serde_json::from_value(v).map_err(bad)?;
+        Some(super::json::SCHEMA) => {
+            let doc: super::json::Document = serde_json::from_value(v).map_err(bad)?;
             Ok(from_result(doc, path))
         }
         other => Err(Error::Usage(format!(
@@ -96,7 +96,7 @@ pub fn read(path: &str) -> Result<RunDocument> {
 }
 
 /// A single test's document seen as a run of one step named after the test.
-fn from_result(doc: crate::report::json::Document, path: &str) -> RunDocument {
+fn from_result(doc: super::json::Document, path: &str) -> RunDocument {
     let run = doc.run;
     let runs = vec![run.results.clone()];
     RunDocument {
