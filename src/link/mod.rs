@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 use crate::report::{Environment, PeerEnvironment};
-use crate::session::{Channel, Message};
+use crate::session::{Channel, Message, PeerPoll};
 use crate::spec::ring::{self, Notify};
 use crate::spec::{Measure, Operation, TestSpec, check_against_device};
 use crate::stats::Clock;
@@ -236,15 +236,20 @@ impl Prepared {
                 None => local.active_mtu.min(remote.active_mtu),
             };
             let rd_atomic = rd_atomic as u8;
+            let timeout = chan.timeout();
             let cm = match (&listener, role) {
-                (Some(l), _) => Some(l.accept(&rdma, &qp, remote.qpn, rd_atomic, spec.mtu, chan)?),
+                (Some(l), _) => {
+                    let mut wait = cm::CmWait { timeout, watch: &mut |w: &str| watch_peer(chan, w) };
+                    Some(l.accept(&rdma, &qp, remote.qpn, rd_atomic, spec.mtu, &mut wait)?)
+                }
                 (None, Role::Client) if spec.rdma_cm => {
                     let announced = remote
                         .cm_addr
                         .as_deref()
                         .ok_or_else(|| Error::Peer(format!("{} offered no rdma_cm address for -R", chan.peer())))?;
                     let dst = cm::target(announced, &rdma)?;
-                    Some(cm::connect(&rdma, &qp, dst, rd_atomic, spec.mtu, chan)?)
+                    let mut wait = cm::CmWait { timeout, watch: &mut |w: &str| watch_peer(chan, w) };
+                    Some(cm::connect(&rdma, &qp, dst, rd_atomic, spec.mtu, &mut wait)?)
                 }
                 _ => {
                     qp.connect(&rdma, &remote, mtu, rd_atomic)?;
@@ -343,6 +348,15 @@ fn nic_identity(rdma: &Rdma) -> NicIdentity {
         .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
         .filter(|n| n.contains(':'));
     NicIdentity { node_guid: rdma.info.node_guid.clone(), sys_image_guid: rdma.info.sys_image_guid.clone(), pci }
+}
+
+/// An rdma_cm step's look at the peer, every tick: a message that came early (the peer
+/// went on ahead) is kept for later; a peer that aborted or went ends the wait.
+fn watch_peer(chan: &mut Channel, waiting_for: &str) -> Result<()> {
+    if let PeerPoll::Message(m) = chan.poll_peer(waiting_for)? {
+        chan.keep(m);
+    }
+    Ok(())
 }
 
 fn expect_endpoint(chan: &mut Channel) -> Result<Endpoint> {

@@ -30,8 +30,15 @@ use rdma_mummy_sys::{
 use super::context::Rdma;
 use super::qp::Qp;
 use crate::error::{Error, Result};
-use crate::session::{Channel, PeerPoll};
 use crate::signals;
+
+/// How a connection step waits: at most `timeout` for each event, calling `watch` (with
+/// what is awaited) every tick, so the caller can look at its peer over its own channel and
+/// fail the wait when the peer is gone. The binding knows nothing of that channel.
+pub struct CmWait<'a> {
+    pub timeout: Duration,
+    pub watch: &'a mut dyn FnMut(&str) -> Result<()>,
+}
 
 /// How often a wait wakes up to look at signals, the deadline and the control channel.
 const TICK: Duration = Duration::from_millis(50);
@@ -124,16 +131,14 @@ impl EventChannel {
         Ok(CmId { raw: NonNull::new(raw).expect("rdma_create_id succeeded"), connected: false, _chan: self.clone() })
     }
 
-    /// The next event, acknowledged (its fields copied first). Fails when `deadline`
-    /// passes, a signal arrives, or the peer aborts or closes the control channel.
-    fn next(&self, ctl: &mut Channel, waiting_for: &str, timeout: Duration) -> Result<Event> {
+    /// The next event, acknowledged (its fields copied first). Fails when the wait passes
+    /// `wait.timeout`, a signal arrives, or `wait.watch` fails (the caller's look at its peer).
+    fn next(&self, wait: &mut CmWait, waiting_for: &str) -> Result<Event> {
+        let timeout = wait.timeout;
         let deadline = Instant::now() + timeout;
         loop {
             signals::check()?;
-            if let PeerPoll::Message(m) = ctl.poll_peer(waiting_for)? {
-                // The peer went on ahead (its side of this step is done); keep it for later.
-                ctl.keep(m);
-            }
+            (wait.watch)(waiting_for)?;
             let mut raw: *mut rdma_cm_event = null_mut();
             // SAFETY: non-blocking read of one event from a live channel.
             if unsafe { rdma_get_cm_event(self.raw.as_ptr(), &mut raw) } == 0 {
@@ -370,11 +375,10 @@ impl CmListener {
         remote_qpn: u32,
         rd_atomic: u8,
         mtu: Option<u32>,
-        ctl: &mut Channel,
+        wait: &mut CmWait,
     ) -> Result<CmConnection> {
-        let timeout = ctl.timeout();
         let mut id = loop {
-            let e = self.chan.next(ctl, "connection request", timeout)?;
+            let e = self.chan.next(wait, "connection request")?;
             if e.kind != ev::RDMA_CM_EVENT_CONNECT_REQUEST || e.id == self.id.ptr() {
                 continue;
             }
@@ -400,7 +404,7 @@ impl CmListener {
             return Err(os_fail("rdma_cm accept failed"));
         }
         id.connected = true;
-        let e = self.chan.next(ctl, "connection establishment", timeout)?;
+        let e = self.chan.next(wait, "connection establishment")?;
         if e.kind != ev::RDMA_CM_EVENT_ESTABLISHED {
             return Err(e.failure("accept"));
         }
@@ -415,16 +419,16 @@ pub fn connect(
     dst: SocketAddr,
     rd_atomic: u8,
     mtu: Option<u32>,
-    ctl: &mut Channel,
+    wait: &mut CmWait,
 ) -> Result<CmConnection> {
-    let timeout = ctl.timeout();
+    let timeout = wait.timeout;
     let chan = EventChannel::new()?;
     let mut id = chan.create_id()?;
     let src = local_address(rdma)?;
     let (mut os_src, mut os_dst) = (to_os(&src), to_os(&dst));
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    let expect = |id: &CmId, ctl: &mut Channel, kind: u32, step: &str| -> Result<()> {
-        let e = chan.next(ctl, step, timeout)?;
+    let expect = |id: &CmId, wait: &mut CmWait, kind: u32, step: &str| -> Result<()> {
+        let e = chan.next(wait, step)?;
         if e.kind != kind || e.id != id.ptr() {
             return Err(e.failure(step));
         }
@@ -442,13 +446,13 @@ pub fn connect(
     {
         return Err(os_fail(&format!("rdma_cm cannot resolve {dst} from {src}")));
     }
-    expect(&id, ctl, ev::RDMA_CM_EVENT_ADDR_RESOLVED, "address resolution")?;
+    expect(&id, wait, ev::RDMA_CM_EVENT_ADDR_RESOLVED, "address resolution")?;
     id.check_device(rdma, &src)?;
     // SAFETY: the address is resolved.
     if unsafe { rdma_resolve_route(id.ptr(), ms) } != 0 {
         return Err(os_fail(&format!("rdma_cm cannot resolve a route to {dst}")));
     }
-    expect(&id, ctl, ev::RDMA_CM_EVENT_ROUTE_RESOLVED, "route resolution")?;
+    expect(&id, wait, ev::RDMA_CM_EVENT_ROUTE_RESOLVED, "route resolution")?;
     qp.init(rdma)?;
     let mut param = conn_param(qp, rd_atomic);
     // SAFETY: the route is resolved; param is valid for the call.
@@ -458,7 +462,7 @@ pub fn connect(
     id.connected = true;
     // With a QP of our own, librdmacm reports the reply instead of finishing the
     // handshake: we move the QP and then send the ready-to-use message.
-    expect(&id, ctl, ev::RDMA_CM_EVENT_CONNECT_RESPONSE, "connection")?;
+    expect(&id, wait, ev::RDMA_CM_EVENT_CONNECT_RESPONSE, "connection")?;
     id.ready_qp(qp, rd_atomic, mtu)?;
     // SAFETY: a connection in the reply-received state.
     if unsafe { rdma_establish(id.ptr()) } != 0 {
