@@ -1,6 +1,6 @@
 //! The error every command returns, and the exit code each kind maps to.
 //!
-//! Exit codes (design.md): 0 pass, 1 a check failed, 2 usage, 3 no usable RDMA device or
+//! Exit codes (the README's table): 0 pass, 1 a check failed, 2 usage, 3 no usable RDMA device or
 //! environment problem, 4 peer lost or timed out; 128+N when stopped by signal N.
 
 use std::fmt;
