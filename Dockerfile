@@ -23,6 +23,10 @@ RUN apt-get update \
       ibverbs-utils iproute2 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/rdmabench /usr/local/bin/rdmabench
+# The man page and bash completions, generated from the same definitions as --help.
+RUN mkdir -p /usr/share/man/man1 /usr/share/bash-completion/completions \
+ && rdmabench docs man > /usr/share/man/man1/rdmabench.1 \
+ && rdmabench completions bash > /usr/share/bash-completion/completions/rdmabench
 # The Jobs of k8s-jobs/ run the workloads from here (RDMABENCH_WORKLOADS).
 COPY workloads /usr/share/rdmabench/workloads
 ENTRYPOINT ["rdmabench"]

@@ -3,7 +3,7 @@
 use clap::Parser;
 
 use rdmabench::bench::runner;
-use rdmabench::cli::{Cli, Command, K8sCommand, RunArgs, TestArgs};
+use rdmabench::cli::{Cli, Command, DocsCommand, K8sCommand, RunArgs, TestArgs, docs};
 use rdmabench::spec::{Measure, Operation};
 use rdmabench::{Result, k8s, regress, report, signals, validate, verbs, workload};
 
@@ -13,6 +13,10 @@ fn run_test(operation: Operation, measure: Measure, args: &TestArgs) -> Result<(
         Some(host) => runner::client(host, &args.spec(operation, measure), &opts).map(|_| ()),
         None => runner::server(&opts, &args.test_flags_given()).map(|_| ()),
     }
+}
+
+fn write_all(out: &mut dyn std::io::Write, bytes: &[u8]) -> Result<()> {
+    out.write_all(bytes).map_err(|e| rdmabench::Error::Environment(format!("cannot write: {e}")))
 }
 
 fn run_workload(args: &RunArgs, out: &mut dyn std::io::Write) -> Result<()> {
@@ -97,6 +101,17 @@ fn run(cli: Cli) -> Result<()> {
         Command::Plot(args) => report::plot::command(&args.request()),
         Command::K8s { command } => k8s_command(command, out),
         Command::Summarize(a) => k8s::summarize::command(&a.logs, a.pods.map(|n| (n, a.topology)), a.json, out),
+        Command::Completions { shell } => write_all(out, &docs::completions(shell)),
+        Command::Docs { what: DocsCommand::Man } => write_all(out, &docs::man_page()),
+        Command::Docs { what: DocsCommand::Readme { file } } => {
+            let path = file.display().to_string();
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| rdmabench::Error::Environment(format!("cannot read {path}: {e}")))?;
+            let fresh = docs::with_flag_table(&text).ok_or_else(|| {
+                rdmabench::Error::Usage(format!("{path} has no `{}` ... `{}` markers", docs::BEGIN, docs::END))
+            })?;
+            std::fs::write(&file, fresh).map_err(|e| rdmabench::Error::Environment(format!("cannot write {path}: {e}")))
+        }
         _ => unreachable!("every other command is a test"),
     }
 }

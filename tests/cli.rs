@@ -71,6 +71,7 @@ fn ring_bad_input_names_the_limit_and_the_fix_before_touching_a_device() {
         (&["ring-bw", "--batch", "0", "127.0.0.1"], &["--batch 0"]),
         (&["ring-bw", "-q", "2", "127.0.0.1"], &["-q does not apply to ring tests"]),
         (&["ring-bw", "-c", "UD", "127.0.0.1"], &["rings run over RC"]),
+        (&["ring-bw", "-Q", "8", "127.0.0.1"], &["-Q (a ring requests completions by --batch) does not apply"]),
         (&["write-bw", "--capacity", "4K", "127.0.0.1"], &["ring-bw and ring-lat only", "write-bw"]),
     ] {
         let out = Command::new(BIN).args(args).output().unwrap();

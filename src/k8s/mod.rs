@@ -300,6 +300,9 @@ mod tests {
             manifest::WORKLOADS_DIR
         );
         assert!(text.contains("/usr/local/bin/rdmabench"), "the scripts call rdmabench from PATH");
+        for generated in ["rdmabench docs man > /usr/share/man/man1/rdmabench.1", "rdmabench completions bash >"] {
+            assert!(text.contains(generated), "the image installs {generated:?}");
+        }
         for pkg in ["libibverbs1", "ibverbs-providers", "rdma-core", "librdmacm1"] {
             assert!(text.contains(pkg), "runtime package {pkg}");
         }

@@ -39,7 +39,11 @@ pub fn banner(out: &mut dyn Write, spec: &TestSpec, env: &Environment, role: &st
     writeln!(out, " Device         : {} port {}\t\tLink type      : {}", env.device, env.port, env.link_layer)?;
     let connection = format!("{}{}", spec.transport.label(), if spec.rdma_cm { " (rdma_cm)" } else { "" });
     writeln!(out, " Connection type: {connection}\t\t\tMtu            : {}[B]", env.mtu)?;
-    writeln!(out, " TX depth       : {}\t\t\tCQ moderation  : {}", spec.tx_depth, spec.effective_cq_mod())?;
+    let moderation = match spec.ring {
+        Some(r) => format!("per --batch ({})", r.batch),
+        None => spec.effective_cq_mod().to_string(),
+    };
+    writeln!(out, " TX depth       : {}\t\t\tCQ moderation  : {moderation}", spec.tx_depth)?;
     writeln!(
         out,
         " Max inline data: {}[B]\t\tData validation: {}",

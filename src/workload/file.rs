@@ -16,7 +16,7 @@ use toml::Spanned;
 
 use crate::error::{Error, Result};
 use crate::report::metrics::{self, Threshold};
-use crate::spec::{AtomicOp, Measure, Operation, TestSpec, Transport};
+use crate::spec::{AtomicOp, Notify, RingParams, TESTS, TestSpec, Transport};
 use crate::units::Bytes;
 use crate::validate::profiles::ProfileName;
 
@@ -100,22 +100,13 @@ struct RawStep {
     validate_data: Option<bool>,
     rdma_cm: Option<bool>,
     cpu_util: Option<bool>,
+    capacity: Option<Bytes>,
+    batch: Option<u32>,
+    notify: Option<Notify>,
     repeat: Option<u32>,
     thresholds: Option<BTreeMap<String, Limit>>,
     tolerance: Option<BTreeMap<String, f64>>,
 }
-
-/// The tests a measurement step may name.
-pub const TESTS: &[(&str, Operation, Measure)] = &[
-    ("write-lat", Operation::Write, Measure::Latency),
-    ("write-bw", Operation::Write, Measure::Bandwidth),
-    ("read-lat", Operation::Read, Measure::Latency),
-    ("read-bw", Operation::Read, Measure::Bandwidth),
-    ("send-lat", Operation::Send, Measure::Latency),
-    ("send-bw", Operation::Send, Measure::Bandwidth),
-    ("atomic-lat", Operation::Atomic, Measure::Latency),
-    ("atomic-bw", Operation::Atomic, Measure::Bandwidth),
-];
 
 /// Flags in spec messages and the workload keys that set them, so a refused value names
 /// its key.
@@ -139,6 +130,9 @@ const FLAG_KEYS: &[(&str, &str)] = &[
     ("-e", "events"),
     ("-R", "rdma_cm"),
     ("-A", "atomic_op"),
+    ("--capacity", "capacity"),
+    ("--batch", "batch"),
+    ("--notify", "notify"),
 ];
 
 struct Source<'a> {
@@ -304,8 +298,18 @@ fn step(src: &Source, span: &Range<usize>, s: &RawStep, params: &BTreeMap<String
         rdma_cm: s.rdma_cm.unwrap_or(false),
         ..d
     };
-    // The ring's default size follows the records.
-    spec.ring = TestSpec::default_ring(operation, measure, spec.max_size());
+    // The ring's default size follows the records; the ring keys override it (and on any
+    // other test, the spec's check refuses them by name).
+    let ring = TestSpec::default_ring(operation, measure, spec.max_size()).or_else(|| {
+        (s.capacity.is_some() || s.batch.is_some() || s.notify.is_some())
+            .then(|| TestSpec::default_ring(crate::spec::Operation::Ring, measure, spec.max_size()))
+            .flatten()
+    });
+    spec.ring = ring.map(|d| RingParams {
+        capacity: s.capacity.map_or(d.capacity, |b| b.0),
+        notify: s.notify.unwrap_or(d.notify),
+        batch: s.batch.unwrap_or(d.batch),
+    });
     spec.check().map_err(|e| {
         let msg = e.message();
         let key = FLAG_KEYS.iter().find(|(flag, _)| mentions(&msg, flag)).map_or("test", |(_, k)| k);

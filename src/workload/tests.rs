@@ -115,3 +115,26 @@ fn byte_keys_take_the_flags_suffixes() {
     let e = err(&format!("{BASE}mtu = \"8G\"\n"));
     assert!(e.starts_with("w.toml:6:") && e.contains("key `mtu`") && e.contains("too large"), "{e}");
 }
+
+#[test]
+fn ring_tests_take_the_clis_defaults_and_their_own_keys() {
+    let text =
+        "name = \"t\"\n[[step]]\nname = \"r\"\ntest = \"ring-bw\"\n[[step]]\nname = \"l\"\ntest = \"ring-lat\"\n";
+    let w = parse(text, "w.toml", &BTreeMap::new()).unwrap();
+    let StepKind::Measure(bw) = &w.steps[0].kind else { panic!() };
+    let StepKind::Measure(lat) = &w.steps[1].kind else { panic!() };
+    use crate::spec::{Measure, Operation, TestSpec};
+    assert_eq!(bw.spec, TestSpec::new(Operation::Ring, Measure::Bandwidth), "the CLI's ring-bw defaults");
+    assert_eq!(lat.spec, TestSpec::new(Operation::Ring, Measure::Latency));
+    assert_eq!(bw.spec.ring.unwrap().capacity, 4 << 20, "32 records of 64 KiB");
+    let text = "name = \"t\"\n[[step]]\nname = \"r\"\ntest = \"ring-bw\"\ncapacity = \"64K\"\nbatch = 4\nnotify = \"poll\"\nsize = 64\n";
+    let w = parse(text, "w.toml", &BTreeMap::new()).unwrap();
+    let StepKind::Measure(m) = &w.steps[0].kind else { panic!() };
+    let r = m.spec.ring.unwrap();
+    assert_eq!((r.capacity, r.batch, r.notify), (65536, 4, crate::spec::Notify::Poll));
+    let e = err(&format!("{BASE}capacity = \"64K\"\n"));
+    assert!(
+        e.starts_with("w.toml:6:") && e.contains("key `capacity`") && e.contains("ring-bw and ring-lat only"),
+        "{e}"
+    );
+}

@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub mod docs;
+
 use clap::{Args, Parser, Subcommand};
 
 use crate::bench::runner::RunOptions;
@@ -81,6 +83,25 @@ pub enum Command {
     RingBw(TestArgs),
     /// Ring record latency: ping-pong over two rings (one-way = round trip / 2).
     RingLat(TestArgs),
+    /// Print shell completions: `rdmabench completions bash > /etc/bash_completion.d/rdmabench`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Generated documentation: the man page, and the README's flag table.
+    #[command(hide = true)]
+    Docs {
+        #[command(subcommand)]
+        what: DocsCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DocsCommand {
+    /// Print the man page (roff): `rdmabench docs man > rdmabench.1`.
+    Man,
+    /// Rewrite the flag table between the markers of FILE (the README).
+    Readme { file: PathBuf },
 }
 
 impl Command {
@@ -94,7 +115,9 @@ impl Command {
             | Command::Compare(_)
             | Command::Plot(_)
             | Command::K8s { .. }
-            | Command::Summarize(_) => return None,
+            | Command::Summarize(_)
+            | Command::Completions { .. }
+            | Command::Docs { .. } => return None,
             Command::WriteLat(a) => (Operation::Write, Measure::Latency, a),
             Command::WriteBw(a) => (Operation::Write, Measure::Bandwidth, a),
             Command::ReadLat(a) => (Operation::Read, Measure::Latency, a),
@@ -135,7 +158,7 @@ pub struct TestArgs {
     #[arg(short = 'c', long = "connection", default_value = "RC", value_parser = transport)]
     pub transport: Transport,
     /// Receive queue depth, where the test posts receives (send, write with immediate).
-    #[arg(short = 'r', long = "rx-depth", default_value_t = 512)]
+    #[arg(short = 'r', long = "rx-depth", default_value_t = crate::spec::DEFAULT_RX_DEPTH)]
     pub rx_depth: u32,
     /// WRITE or SEND with immediate data (the receiver consumes a receive per message).
     #[arg(long = "with-imm")]
@@ -152,24 +175,28 @@ pub struct TestArgs {
     /// TCP port of the control channel.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     pub port: u16,
-    /// Message size in bytes, or with K/M/G (KiB...) (default 2 for latency, 65536 for bandwidth).
-    #[arg(short = 's', long = "size", conflicts_with = "all", value_parser = parse_bytes, value_name = "BYTES")]
+    /// Message size in bytes, or with K/M/G (KiB...).
+    #[arg(short = 's', long = "size", conflicts_with = "all", value_parser = parse_bytes, value_name = "BYTES",
+          help = per_test_help("Message size: bytes, or with K/M/G (KiB, MiB, GiB)", |s| s.sizes[0]))]
     pub size: Option<u64>,
     /// Every size from 2 B to 8 MiB (powers of two).
     #[arg(short = 'a', long = "all")]
     pub all: bool,
-    /// Iterations per size (default 1000; 5000 for write bandwidth).
-    #[arg(short = 'n', long = "iters", conflicts_with = "duration")]
+    /// Iterations per size.
+    #[arg(short = 'n', long = "iters", conflicts_with = "duration",
+          help = per_test_help("Iterations per size", |s| s.iterations))]
     pub iterations: Option<u64>,
     /// Run each size for this many seconds instead of a fixed count.
     #[arg(short = 'D', long = "duration")]
     pub duration: Option<f64>,
-    /// Send queue depth (default 1 for latency, 128 for bandwidth).
-    #[arg(short = 't', long = "tx-depth")]
+    /// Send queue depth.
+    #[arg(short = 't', long = "tx-depth", help = per_test_help("Send queue depth", |s| s.tx_depth))]
     pub tx_depth: Option<u32>,
-    /// Request a completion every N work requests, capped at the tx depth
-    /// (default 100; with -l, the post list length, as perftest).
-    #[arg(short = 'Q', long = "cq-mod")]
+    /// Request a completion every N work requests, capped at the tx depth; with -l, the post
+    /// list length, as perftest. Ring tests signal by --batch and refuse it.
+    #[arg(short = 'Q', long = "cq-mod", help = format!(
+        "Request a completion every N work requests, capped at the tx depth; with -l, the post list length, as \
+         perftest; ring tests signal by --batch and refuse it (default {})", crate::spec::DEFAULT_CQ_MOD))]
     pub cq_mod: Option<u32>,
     /// Post work requests in chains of N (one doorbell each), as perftest's -l.
     /// Default: whatever room the send window has, as one chain.
@@ -194,9 +221,10 @@ pub struct TestArgs {
     /// HdrHistogram interval-log format, for plotting.
     #[arg(long, value_name = "FILE")]
     pub histogram: Option<String>,
-    /// Post messages up to this size inline (default 220 for latency, 0 for bandwidth,
-    /// clamped to the device's limit).
-    #[arg(short = 'I', long = "inline-size", value_parser = parse_bytes_u32, value_name = "BYTES")]
+    /// Post messages up to this size inline, clamped to the device's limit.
+    #[arg(short = 'I', long = "inline-size", value_parser = parse_bytes_u32, value_name = "BYTES",
+          help = per_test_help("Post messages up to this size inline, clamped to the device's limit",
+                               |s| s.requested_inline()))]
     pub inline: Option<u32>,
     /// Path MTU in bytes, e.g. 4096 or 4K (default: the smaller active MTU of the two ports).
     #[arg(short = 'm', long = "mtu", value_parser = parse_bytes_u32, value_name = "BYTES")]
@@ -232,14 +260,16 @@ pub struct TestArgs {
     /// least 64K; at most 64M unless two records need more).
     #[arg(long, value_parser = parse_bytes, value_name = "BYTES")]
     pub capacity: Option<u64>,
-    /// Ring tests: committed records coalesced into one RDMA WRITE at most
-    /// (default 16 for ring-bw, 1 for ring-lat).
-    #[arg(long, value_name = "N")]
+    /// Ring tests: committed records coalesced into one RDMA WRITE at most.
+    #[arg(long, value_name = "N", help = format!(
+        "Ring tests: committed records coalesced into one RDMA WRITE at most (default: {})",
+        crate::spec::per_test_where(|s| s.ring.map(|r| r.batch))))]
     pub batch: Option<u32>,
-    /// Ring tests: how the consumer learns of arrivals: imm (WRITE with immediate) or
-    /// poll (the consumer polls each record's frame word). Default: imm for ring-bw,
-    /// poll for ring-lat (as write-lat polls the last byte).
-    #[arg(long, value_enum)]
+    /// Ring tests: how the consumer learns of arrivals.
+    #[arg(long, value_enum, help = format!(
+        "Ring tests: how the consumer learns of arrivals: imm (WRITE with immediate) or poll (the consumer polls \
+         each record's frame word, as write-lat polls the last byte) (default: {})",
+        crate::spec::per_test_where(|s| s.ring.map(|r| r.notify.label()))))]
     pub notify: Option<Notify>,
 }
 
@@ -550,6 +580,11 @@ fn parse_param(s: &str) -> std::result::Result<(String, f64), String> {
     let (k, v) = s.split_once('=').ok_or_else(|| format!("{s:?}: use NAME=VALUE, e.g. min_write_gbps=180"))?;
     let v: f64 = v.trim().parse().map_err(|_| format!("{s:?}: the value must be a number"))?;
     Ok((k.trim().to_string(), v))
+}
+
+/// A flag's help with its per-test default, as the spec sets it (`spec::per_test`).
+fn per_test_help<T: PartialEq + std::fmt::Display>(what: &str, value: impl Fn(&TestSpec) -> T) -> String {
+    format!("{what} (default: {})", crate::spec::per_test(value))
 }
 
 fn seconds(flag: &str, v: f64) -> Result<Duration> {
