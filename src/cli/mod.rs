@@ -17,7 +17,7 @@ use crate::k8s::platform::Platform;
 use crate::regress::command::Request as CompareRequest;
 use crate::report::plot::Request as PlotRequest;
 use crate::report::table::Units;
-use crate::spec::{AtomicOp, Measure, Notify, Operation, RingParams, TestSpec, Transport};
+use crate::spec::{AtomicOp, Field, Measure, Notify, Operation, Options, TestSpec, Transport};
 use crate::units::{parse_bytes, parse_bytes_u32};
 use crate::validate::profiles::ProfileName;
 use crate::validate::sysfs::{TOPOLOGY_DIR, Tree};
@@ -155,17 +155,20 @@ pub struct TestArgs {
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     pub ib_port: u8,
     /// Transport: RC, UC (write, send) or UD (send).
-    #[arg(short = 'c', long = "connection", default_value = "RC", value_parser = transport)]
-    pub transport: Transport,
+    #[arg(short = 'c', long = "connection", value_parser = transport, help = per_test_help(
+        "Transport: RC, UC (write, send) or UD (send)", |s| s.transport.label()))]
+    pub transport: Option<Transport>,
     /// Receive queue depth, where the test posts receives (send, write with immediate).
-    #[arg(short = 'r', long = "rx-depth", default_value_t = crate::spec::DEFAULT_RX_DEPTH)]
-    pub rx_depth: u32,
+    #[arg(short = 'r', long = "rx-depth", help = per_test_help(
+        "Receive queue depth, where the test posts receives (send, write with immediate)", |s| s.rx_depth))]
+    pub rx_depth: Option<u32>,
     /// WRITE or SEND with immediate data (the receiver consumes a receive per message).
     #[arg(long = "with-imm")]
     pub with_imm: bool,
     /// Atomic verb of the atomic tests.
-    #[arg(short = 'A', long = "atomic_type", visible_alias = "atomic-type", value_enum, default_value_t = AtomicOp::FetchAndAdd)]
-    pub atomic_op: AtomicOp,
+    #[arg(short = 'A', long = "atomic_type", visible_alias = "atomic-type", value_enum,
+          help = per_test_help("Atomic verb of the atomic tests", |s| s.atomic_op.label()))]
+    pub atomic_op: Option<AtomicOp>,
     /// Outstanding RDMA READs and atomics per QP (default min(16, the device's max_qp_rd_atom)).
     #[arg(short = 'o', long = "outstanding-reads", visible_alias = "outs")]
     pub outstanding_reads: Option<u32>,
@@ -203,11 +206,13 @@ pub struct TestArgs {
     #[arg(short = 'l', long = "post-list", visible_alias = "post_list")]
     pub post_list: Option<u32>,
     /// Queue pairs per side (bandwidth tests); each sends the -n iterations.
-    #[arg(short = 'q', long = "qp", default_value_t = 1)]
-    pub num_qps: u32,
+    #[arg(short = 'q', long = "qp", help = per_test_help(
+        "Queue pairs per side (bandwidth tests); each sends the -n iterations", |s| s.num_qps))]
+    pub num_qps: Option<u32>,
     /// Spread the QPs over this many pinned threads (bandwidth tests; at most -q).
-    #[arg(long = "threads", default_value_t = 1)]
-    pub threads: u32,
+    #[arg(long = "threads", help = per_test_help(
+        "Spread the QPs over this many pinned threads (bandwidth tests; at most -q)", |s| s.threads))]
+    pub threads: Option<u32>,
     /// Bidirectional: both sides send at once (bandwidth tests); both directions are reported.
     #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,
@@ -596,47 +601,43 @@ fn seconds(flag: &str, v: f64) -> Result<Duration> {
 }
 
 impl TestArgs {
-    pub fn spec(&self, operation: Operation, measure: Measure) -> TestSpec {
-        let d = TestSpec::new(operation, measure);
-        let mut spec = TestSpec {
+    /// The test options these flags give (the defaults are the spec's, applied later).
+    pub fn test_options(&self) -> Options {
+        Options {
             transport: self.transport,
             with_imm: self.with_imm,
             atomic_op: self.atomic_op,
             rx_depth: self.rx_depth,
             outstanding_reads: self.outstanding_reads,
-            sizes: if self.all { TestSpec::sweep_sizes() } else { self.size.map_or(d.sizes.clone(), |s| vec![s]) },
-            iterations: self.iterations.unwrap_or(d.iterations),
-            duration_secs: self.duration,
-            tx_depth: self.tx_depth.unwrap_or(d.tx_depth),
-            cq_mod: self.cq_mod.or(self.post_list).unwrap_or(d.cq_mod),
+            sizes: if self.all { Some(TestSpec::sweep_sizes()) } else { self.size.map(|s| vec![s]) },
+            iterations: self.iterations,
+            duration: self.duration,
+            tx_depth: self.tx_depth,
+            cq_mod: self.cq_mod,
             post_list: self.post_list,
-            events: self.events,
-            bidirectional: self.bidirectional,
-            num_qps: self.num_qps,
+            qps: self.num_qps,
             threads: self.threads,
+            bidirectional: self.bidirectional,
+            events: self.events,
             inline_size: self.inline,
             mtu: self.mtu,
             validate_data: self.validate_data,
             rdma_cm: self.rdma_cm,
             profile: self.profile.map(|p| p.profile().name.to_string()),
             corrupt_at: self.corrupt_at,
-            ..d
-        };
-        // The ring's default size follows the records.
-        spec.ring = self.ring_params(TestSpec::default_ring(operation, measure, spec.max_size()));
-        spec
+            capacity: self.capacity,
+            batch: self.batch,
+            notify: self.notify,
+        }
     }
 
-    /// The ring's parameters: the defaults of a ring test with the flags applied; for any
-    /// other test, the flags alone (which the spec's check then refuses by name).
-    fn ring_params(&self, defaults: Option<RingParams>) -> Option<RingParams> {
-        let given = self.capacity.is_some() || self.batch.is_some() || self.notify.is_some();
-        let d = defaults.or(given.then(|| TestSpec::new(Operation::Ring, Measure::Bandwidth).ring).flatten())?;
-        Some(RingParams {
-            capacity: self.capacity.unwrap_or(d.capacity),
-            notify: self.notify.unwrap_or(d.notify),
-            batch: self.batch.unwrap_or(d.batch),
-        })
+    pub fn spec(&self, operation: Operation, measure: Measure) -> TestSpec {
+        self.test_options().spec(operation, measure)
+    }
+
+    /// The test flags given (a server ignores them and says so).
+    pub fn test_flags_given(&self) -> Vec<&'static str> {
+        self.test_options().given().into_iter().map(Field::flag).collect()
     }
 
     pub fn options(&self) -> Result<RunOptions> {
@@ -652,47 +653,12 @@ impl TestArgs {
             tables_on_stderr: false,
         })
     }
-
-    /// Test flags given to a server, which ignores them in favour of the client's spec.
-    pub fn test_flags_given(&self) -> Vec<&'static str> {
-        let mut v = Vec::new();
-        let flags: [(&'static str, bool); 23] = [
-            ("-c", self.transport != Transport::Rc),
-            ("-r", self.rx_depth != 512),
-            ("--with-imm", self.with_imm),
-            ("-o", self.outstanding_reads.is_some()),
-            ("-l", self.post_list.is_some()),
-            ("-e", self.events),
-            ("-b", self.bidirectional),
-            ("-q", self.num_qps != 1),
-            ("--threads", self.threads != 1),
-            ("-s", self.size.is_some()),
-            ("-a", self.all),
-            ("-n", self.iterations.is_some()),
-            ("-D", self.duration.is_some()),
-            ("-t", self.tx_depth.is_some()),
-            ("-I", self.inline.is_some()),
-            ("-m", self.mtu.is_some()),
-            ("--validate-data", self.validate_data),
-            ("-Q", self.cq_mod.is_some()),
-            ("-R", self.rdma_cm),
-            ("--profile", self.profile.is_some()),
-            ("--capacity", self.capacity.is_some()),
-            ("--batch", self.batch.is_some()),
-            ("--notify", self.notify.is_some()),
-        ];
-        for (f, given) in flags {
-            if given {
-                v.push(f);
-            }
-        }
-        v
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::RingParams;
     use clap::Parser;
 
     fn parse(args: &[&str]) -> std::result::Result<Cli, clap::Error> {

@@ -54,6 +54,7 @@ impl RingConfig {
 
     /// Checks what needs no device.
     pub fn check(&self) -> Result<(), String> {
-        crate::spec::ring::check(&self.params(), self.tx_depth, self.rx_depth)
+        crate::spec::ring::check(&self.params(), self.tx_depth, self.rx_depth, crate::spec::Field::flag)
+            .map_err(|r| r.message)
     }
 }

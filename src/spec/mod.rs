@@ -6,8 +6,10 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+pub mod options;
 pub mod ring;
 
+pub use options::{Field, Names, Options, Refusal};
 pub use ring::{Notify, RingParams};
 
 /// What a test runs over: the QP transport.
@@ -342,89 +344,157 @@ impl TestSpec {
         self.inline_size.unwrap_or_else(|| Self::defaults(self.operation, self.measure).inline_size)
     }
 
-    /// Checks that need no device. Both sides run it: the server never trusts the wire.
+    /// Checks that need no device, options named by flag. Both sides run it: the server
+    /// never trusts the wire.
     pub fn check(&self) -> Result<()> {
+        self.check_named(Field::flag).map_err(|r| Error::Usage(r.message))
+    }
+
+    /// [`TestSpec::check`] with options named by `n` (flags, or workload keys), and the
+    /// option at fault.
+    pub fn check_named(&self, n: Names) -> std::result::Result<(), Refusal> {
+        let no = |field: Field, message: String| Err(Refusal { field, message });
         if self.sizes.is_empty() {
-            return Err(Error::Usage("no message size given; use -s BYTES or -a".into()));
+            return no(Field::Size, format!("no message size given; use {} BYTES or -a", n(Field::Size)));
         }
         if self.sizes.contains(&0) {
-            return Err(Error::Usage(
-                "message size 0 is not allowed; use -s with 1 or more bytes (up to the device's max message size)"
-                    .into(),
-            ));
+            return no(
+                Field::Size,
+                format!(
+                    "message size 0 is not allowed; use {} with 1 or more bytes (up to the device's max message size)",
+                    n(Field::Size)
+                ),
+            );
         }
         if self.duration_secs.is_none() && self.iterations == 0 {
-            return Err(Error::Usage("iterations must be at least 1; use -n 1 or more".into()));
+            return no(
+                Field::Iterations,
+                format!("iterations must be at least 1; use {} 1 or more", n(Field::Iterations)),
+            );
         }
         if let Some(d) = self.duration_secs
             && !(d.is_finite() && d > 0.0 && d <= 86_400.0)
         {
-            return Err(Error::Usage(format!("duration {d} s is out of range; use -D with 1..=86400 seconds")));
+            return no(
+                Field::Duration,
+                format!("duration {d} s is out of range; use {} with 1..=86400 seconds", n(Field::Duration)),
+            );
         }
         if self.tx_depth == 0 {
-            return Err(Error::Usage(
-                "tx depth 0 is not allowed; use -t 1 or more (up to the device's max_qp_wr)".into(),
-            ));
+            return no(
+                Field::TxDepth,
+                format!(
+                    "tx depth 0 is not allowed; use {} 1 or more (up to the device's max_qp_wr)",
+                    n(Field::TxDepth)
+                ),
+            );
         }
         if self.cq_mod == 0 {
-            return Err(Error::Usage("CQ moderation 0 is not allowed; use -Q 1 or more".into()));
+            return no(Field::CqMod, format!("CQ moderation 0 is not allowed; use {} 1 or more", n(Field::CqMod)));
         }
         if let Some(mtu) = self.mtu
             && ![256, 512, 1024, 2048, 4096].contains(&mtu)
         {
-            return Err(Error::Usage(format!(
-                "MTU {mtu} is not an RDMA path MTU; use -m 256, 512, 1024, 2048 or 4096"
-            )));
+            return no(
+                Field::Mtu,
+                format!("MTU {mtu} is not an RDMA path MTU; use {} 256, 512, 1024, 2048 or 4096", n(Field::Mtu)),
+            );
         }
-        self.check_combination()?;
-        self.check_ring()?;
+        self.check_combination(n)?;
+        self.check_ring(n)?;
         if self.rx_depth == 0 {
-            return Err(Error::Usage(
-                "rx depth 0 is not allowed; use -r 1 or more (up to the device's max_qp_wr)".into(),
-            ));
+            return no(
+                Field::RxDepth,
+                format!(
+                    "rx depth 0 is not allowed; use {} 1 or more (up to the device's max_qp_wr)",
+                    n(Field::RxDepth)
+                ),
+            );
         }
         if self.events && self.measure == Measure::Latency && self.operation == Operation::Write && !self.with_imm {
-            return Err(Error::Usage(
-                "-e waits for completions, but write-lat sees each arrival in memory; use --with-imm with -e".into(),
-            ));
+            return no(
+                Field::Events,
+                format!(
+                    "{} waits for completions, but write-lat sees each arrival in memory; use {} with {}",
+                    n(Field::Events),
+                    n(Field::WithImm),
+                    n(Field::Events)
+                ),
+            );
         }
         if self.num_qps == 0 || self.num_qps > MAX_QPS {
-            return Err(Error::Usage(format!("{} QPs is out of range; use -q 1..={MAX_QPS}", self.num_qps)));
+            return no(
+                Field::Qps,
+                format!("{} QPs is out of range; use {} 1..={MAX_QPS}", self.num_qps, n(Field::Qps)),
+            );
         }
         if self.num_qps > 1 && self.measure == Measure::Latency {
-            return Err(Error::Usage(
-                "-q applies to bandwidth tests: a latency test measures one message in flight on one QP".into(),
-            ));
+            return no(
+                Field::Qps,
+                format!(
+                    "{} applies to bandwidth tests: a latency test measures one message in flight on one QP",
+                    n(Field::Qps)
+                ),
+            );
         }
         if self.threads == 0 || self.threads > self.num_qps {
-            return Err(Error::Usage(format!(
-                "--threads {} needs at least as many QPs (-q {}); use --threads 1..={} or raise -q",
-                self.threads, self.num_qps, self.num_qps
-            )));
+            return no(
+                Field::Threads,
+                format!(
+                    "{} {} needs at least as many QPs ({} {}); use {} 1..={} or raise {}",
+                    n(Field::Threads),
+                    self.threads,
+                    n(Field::Qps),
+                    self.num_qps,
+                    n(Field::Threads),
+                    self.num_qps,
+                    n(Field::Qps)
+                ),
+            );
         }
         if self.bidirectional && self.measure == Measure::Latency {
-            return Err(Error::Usage(
-                "-b applies to bandwidth tests: a ping-pong latency test already runs both ways".into(),
-            ));
+            return no(
+                Field::Bidirectional,
+                format!(
+                    "{} applies to bandwidth tests: a ping-pong latency test already runs both ways",
+                    n(Field::Bidirectional)
+                ),
+            );
         }
         if let Some(l) = self.post_list {
             if self.measure == Measure::Latency {
-                return Err(Error::Usage(
-                    "post lists (-l) apply to bandwidth tests: a latency test has one message in flight".into(),
-                ));
+                return no(
+                    Field::PostList,
+                    format!(
+                        "post lists ({}) apply to bandwidth tests: a latency test has one message in flight",
+                        n(Field::PostList)
+                    ),
+                );
             }
             if l == 0 || l > self.tx_depth {
-                return Err(Error::Usage(format!(
-                    "post list {l} must be 1..=tx depth {}; use -l 1..={} (or raise -t)",
-                    self.tx_depth, self.tx_depth
-                )));
+                return no(
+                    Field::PostList,
+                    format!(
+                        "post list {l} must be 1..=tx depth {}; use {} 1..={} (or raise {})",
+                        self.tx_depth,
+                        n(Field::PostList),
+                        self.tx_depth,
+                        n(Field::TxDepth)
+                    ),
+                );
             }
         }
         if self.outstanding_reads == Some(0) {
-            return Err(Error::Usage("--outstanding-reads 0 is not allowed; use 1 or more".into()));
+            return no(
+                Field::OutstandingReads,
+                format!("{} 0 is not allowed; use 1 or more", n(Field::OutstandingReads)),
+            );
         }
         if self.corrupt_at.is_some() && !self.validate_data && self.has_payload() {
-            return Err(Error::Usage("--inject-corruption needs --validate-data".into()));
+            return no(
+                Field::InjectCorruption,
+                format!("{} needs {}", n(Field::InjectCorruption), n(Field::ValidateData)),
+            );
         }
         Ok(())
     }
@@ -438,50 +508,66 @@ impl TestSpec {
 
     /// A ring test's own rules: a valid ring, records that fit it, and the options that
     /// have a meaning for a ring.
-    fn check_ring(&self) -> Result<()> {
+    fn check_ring(&self, n: Names) -> std::result::Result<(), Refusal> {
+        let no = |field: Field, message: String| Err(Refusal { field, message });
         if (self.operation == Operation::Ring) != self.ring.is_some() {
-            return Err(Error::Usage(format!(
-                "--capacity, --batch and --notify apply to ring-bw and ring-lat only, not {}; drop them",
-                self.name().replace('_', "-")
-            )));
+            return no(
+                Field::Capacity,
+                format!(
+                    "{}, {} and {} apply to ring-bw and ring-lat only, not {}; drop them",
+                    n(Field::Capacity),
+                    n(Field::Batch),
+                    n(Field::Notify),
+                    self.name().replace('_', "-")
+                ),
+            );
         }
         let Some(ring) = self.ring else { return Ok(()) };
-        ring::check(&ring, self.tx_depth, self.rx_depth).map_err(Error::Usage)?;
+        ring::check(&ring, self.tx_depth, self.rx_depth, n)?;
         let max = ring::max_record(ring.capacity);
         if self.max_size() > max {
-            return Err(Error::Usage(format!(
-                "record size {} B does not fit a ring of {} B (at most {max} B per record); raise --capacity to \
-                 {} or more",
-                self.max_size(),
-                ring.capacity,
-                ring::span(self.max_size()).next_power_of_two()
-            )));
+            return no(
+                Field::Size,
+                format!(
+                    "record size {} B does not fit a ring of {} B (at most {max} B per record); raise {} to {} or more",
+                    self.max_size(),
+                    ring.capacity,
+                    n(Field::Capacity),
+                    ring::span(self.max_size()).next_power_of_two()
+                ),
+            );
         }
         if self.validate_data && self.sizes.iter().any(|&s| s < 16) {
-            return Err(Error::Usage(
-                "--validate-data stamps each record with its number and a checksum (16 B): use -s 16 or more".into(),
-            ));
+            return no(
+                Field::Size,
+                format!(
+                    "{} stamps each record with its number and a checksum (16 B): use {} 16 or more",
+                    n(Field::ValidateData),
+                    n(Field::Size)
+                ),
+            );
         }
         let refused = [
-            ("-c UC/UD (rings run over RC)", self.transport != Transport::Rc),
-            ("-q", self.num_qps != 1),
-            ("--threads", self.threads != 1),
-            ("-b", self.bidirectional),
-            ("-l", self.post_list.is_some()),
-            ("-e", self.events),
-            ("--with-imm (use --notify imm)", self.with_imm),
-            ("-R", self.rdma_cm),
+            (Field::Transport, " UC/UD (rings run over RC)", self.transport != Transport::Rc),
+            (Field::Qps, "", self.num_qps != 1),
+            (Field::Threads, "", self.threads != 1),
+            (Field::Bidirectional, "", self.bidirectional),
+            (Field::PostList, "", self.post_list.is_some()),
+            (Field::Events, "", self.events),
+            (Field::WithImm, " (use --notify imm)", self.with_imm),
+            (Field::RdmaCm, "", self.rdma_cm),
             // A ring requests completions by its batches; -Q would change nothing.
-            ("-Q (a ring requests completions by --batch)", self.cq_mod != DEFAULT_CQ_MOD),
+            (Field::CqMod, " (a ring requests completions by --batch)", self.cq_mod != DEFAULT_CQ_MOD),
         ];
-        if let Some((flag, _)) = refused.iter().find(|(_, on)| *on) {
-            return Err(Error::Usage(format!("{flag} does not apply to ring tests; drop it")));
+        if let Some((field, why, _)) = refused.iter().find(|(_, _, on)| *on) {
+            return no(*field, format!("{}{why} does not apply to ring tests; drop it", n(*field)));
         }
         Ok(())
     }
 
     /// Refuses operation/transport/option combinations that cannot work, with the reason.
-    fn check_combination(&self) -> Result<()> {
+    fn check_combination(&self, n: Names) -> std::result::Result<(), Refusal> {
+        let no = |field: Field, message: String| Err(Refusal { field, message });
         let op = self.operation.label();
         match (self.operation, self.transport) {
             (_, Transport::Rc)
@@ -489,36 +575,54 @@ impl TestSpec {
             | (Operation::Write | Operation::Send, Transport::Uc)
             | (Operation::Send, Transport::Ud) => {}
             (Operation::Read | Operation::Atomic, Transport::Uc) => {
-                return Err(Error::Usage(format!(
-                    "{op} over UC is not possible: UC has no responder resources for RDMA READ or atomics; use -c RC"
-                )));
+                return no(
+                    Field::Transport,
+                    format!(
+                        "{op} over UC is not possible: UC has no responder resources for RDMA READ or atomics; use {} RC",
+                        n(Field::Transport)
+                    ),
+                );
             }
             (_, Transport::Ud) => {
-                return Err(Error::Usage(format!(
-                    "{op} over UD is not possible: UD carries only SEND (no remote memory access); use -c RC{}",
-                    if self.operation == Operation::Write { " or UC" } else { "" }
-                )));
+                return no(
+                    Field::Transport,
+                    format!(
+                        "{op} over UD is not possible: UD carries only SEND (no remote memory access); use {} RC{}",
+                        n(Field::Transport),
+                        if self.operation == Operation::Write { " or UC" } else { "" }
+                    ),
+                );
             }
         }
         if self.rdma_cm && self.transport != Transport::Rc {
-            return Err(Error::Usage(format!(
-                "-R connects RC queue pairs: rdma_cm's connected port space has no {0} QPs, and {0} over rdma_cm \
-                 is not supported here; drop -R (the default exchange connects {0})",
-                self.transport.label()
-            )));
+            return no(
+                Field::RdmaCm,
+                format!(
+                    "{1} connects RC queue pairs: rdma_cm's connected port space has no {0} QPs, and {0} over rdma_cm \
+                     is not supported here; drop {1} (the default exchange connects {0})",
+                    self.transport.label(),
+                    n(Field::RdmaCm)
+                ),
+            );
         }
         if self.with_imm && !matches!(self.operation, Operation::Write | Operation::Send) {
-            return Err(Error::Usage(format!("--with-imm applies to write and send tests, not {op}")));
+            return no(Field::WithImm, format!("{} applies to write and send tests, not {op}", n(Field::WithImm)));
         }
         if self.operation == Operation::Atomic && self.sizes != [8] {
-            return Err(Error::Usage("atomic operations are 8 bytes: drop -s/-a (or use -s 8)".into()));
+            return no(
+                Field::Size,
+                format!("atomic operations are 8 bytes: drop {0}/-a (or use {0} 8)", n(Field::Size)),
+            );
         }
         if self.validate_data && !self.has_payload() {
             // Atomics are always checked: the final counter against the number of operations.
-            return Err(Error::Usage(
-                "--validate-data applies to tests that move a payload; atomic tests always check the final counter"
-                    .into(),
-            ));
+            return no(
+                Field::ValidateData,
+                format!(
+                    "{} applies to tests that move a payload; atomic tests always check the final counter",
+                    n(Field::ValidateData)
+                ),
+            );
         }
         Ok(())
     }

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::options::{Field, Names, Refusal};
+
 /// The frame word `[len: u32][tag: u32]`, the highest 8 bytes of a record's span.
 pub const FRAME: u64 = 8;
 /// Records start at multiples of this (so payloads are 8-byte aligned); the space left in
@@ -25,10 +27,15 @@ pub fn max_record(capacity: u64) -> u64 {
 
 /// Checks a capacity: a power of two within the limits.
 pub fn check_capacity(capacity: u64) -> Result<(), String> {
+    check_capacity_named(capacity, "--capacity")
+}
+
+/// [`check_capacity`], the option named `name` in the message.
+fn check_capacity_named(capacity: u64, name: &str) -> Result<(), String> {
     if !capacity.is_power_of_two() || !(MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity) {
         let nearest = capacity.checked_next_power_of_two().unwrap_or(MAX_CAPACITY).clamp(MIN_CAPACITY, MAX_CAPACITY);
         return Err(format!(
-            "ring capacity {capacity} B is not a power of two from {MIN_CAPACITY} B to {} MiB; use --capacity \
+            "ring capacity {capacity} B is not a power of two from {MIN_CAPACITY} B to {} MiB; use {name} \
              {nearest}",
             MAX_CAPACITY >> 20
         ));
@@ -82,17 +89,26 @@ impl RingParams {
 }
 
 /// The rules a ring's parameters and queue depths must meet, with no device: the library
-/// (`RingConfig::check`) and a test spec check the same.
-pub fn check(params: &RingParams, tx_depth: u32, rx_depth: u32) -> Result<(), String> {
-    check_capacity(params.capacity)?;
+/// (`RingConfig::check`) and a test spec check the same; `n` names the options.
+pub fn check(params: &RingParams, tx_depth: u32, rx_depth: u32, n: Names) -> Result<(), Refusal> {
+    let no = |field: Field, message: String| Err(Refusal { field, message });
+    if let Err(message) = check_capacity_named(params.capacity, n(Field::Capacity)) {
+        return no(Field::Capacity, message);
+    }
     if params.batch == 0 {
-        return Err("--batch 0: a write carries at least one record; use 1 or more".into());
+        return no(Field::Batch, format!("{} 0: a write carries at least one record; use 1 or more", n(Field::Batch)));
     }
     if tx_depth < 2 {
-        return Err(format!("-t {tx_depth}: a ring needs a send queue of at least 2"));
+        return no(
+            Field::TxDepth,
+            format!("{} {tx_depth}: a ring needs a send queue of at least 2", n(Field::TxDepth)),
+        );
     }
     if params.notify == Notify::Imm && rx_depth < 2 {
-        return Err(format!("-r {rx_depth}: --notify imm needs at least 2 posted receives"));
+        return no(
+            Field::RxDepth,
+            format!("{} {rx_depth}: {} imm needs at least 2 posted receives", n(Field::RxDepth), n(Field::Notify)),
+        );
     }
     Ok(())
 }

@@ -16,7 +16,7 @@ use toml::Spanned;
 
 use crate::error::{Error, Result};
 use crate::report::metrics::{self, Threshold};
-use crate::spec::{AtomicOp, Notify, RingParams, TESTS, TestSpec, Transport};
+use crate::spec::{AtomicOp, Field, Notify, Options, TESTS, TestSpec, Transport};
 use crate::units::Bytes;
 use crate::validate::profiles::ProfileName;
 
@@ -107,33 +107,6 @@ struct RawStep {
     thresholds: Option<BTreeMap<String, Limit>>,
     tolerance: Option<BTreeMap<String, f64>>,
 }
-
-/// Flags in spec messages and the workload keys that set them, so a refused value names
-/// its key.
-const FLAG_KEYS: &[(&str, &str)] = &[
-    ("--outstanding-reads", "outstanding_reads"),
-    ("--validate-data", "validate_data"),
-    ("--with-imm", "with_imm"),
-    ("--threads", "threads"),
-    ("-s", "size"),
-    ("-n", "iterations"),
-    ("-D", "duration"),
-    ("-t", "tx_depth"),
-    ("-Q", "cq_mod"),
-    ("-l", "post_list"),
-    ("-I", "inline"),
-    ("-m", "mtu"),
-    ("-q", "qps"),
-    ("-r", "rx_depth"),
-    ("-c", "transport"),
-    ("-b", "bidirectional"),
-    ("-e", "events"),
-    ("-R", "rdma_cm"),
-    ("-A", "atomic_op"),
-    ("--capacity", "capacity"),
-    ("--batch", "batch"),
-    ("--notify", "notify"),
-];
 
 struct Source<'a> {
     file: &'a str,
@@ -262,59 +235,47 @@ fn step(src: &Source, span: &Range<usize>, s: &RawStep, params: &BTreeMap<String
         let key = if s.expect_nics.is_some() { "expect_nics" } else { "expect_gpus" };
         return Err(err(key, "applies to validate steps only"));
     }
-    let d = TestSpec::new(operation, measure);
     let sizes = match (s.size, &s.sizes, s.all) {
         (Some(_), Some(_), _) | (Some(_), _, Some(true)) | (_, Some(_), Some(true)) => {
             return Err(err("size", "give one of `size`, `sizes` or `all = true`"));
         }
-        (Some(x), None, _) => vec![x.0],
+        (Some(x), None, _) => Some(vec![x.0]),
         (None, Some(v), _) if v.is_empty() => return Err(err("sizes", "an empty list; give at least one size")),
-        (None, Some(v), _) => v.iter().map(|b| b.0).collect(),
-        (None, None, Some(true)) => TestSpec::sweep_sizes(),
-        (None, None, _) => d.sizes.clone(),
+        (None, Some(v), _) => Some(v.iter().map(|b| b.0).collect()),
+        (None, None, Some(true)) => Some(TestSpec::sweep_sizes()),
+        (None, None, _) => None,
     };
     if s.iterations.is_some() && s.duration.is_some() {
         return Err(err("duration", "give `iterations` or `duration`, not both"));
     }
-    let mut spec = TestSpec {
-        transport: s.transport.unwrap_or(d.transport),
+    let options = Options {
+        transport: s.transport,
         with_imm: s.with_imm.unwrap_or(false),
-        atomic_op: s.atomic_op.unwrap_or_default(),
+        atomic_op: s.atomic_op,
+        rx_depth: s.rx_depth,
+        outstanding_reads: s.outstanding_reads,
         sizes,
-        iterations: s.iterations.unwrap_or(d.iterations),
-        duration_secs: s.duration,
-        tx_depth: s.tx_depth.unwrap_or(d.tx_depth),
-        cq_mod: s.cq_mod.or(s.post_list).unwrap_or(d.cq_mod),
-        num_qps: s.qps.unwrap_or(1),
-        threads: s.threads.unwrap_or(1),
+        iterations: s.iterations,
+        duration: s.duration,
+        tx_depth: s.tx_depth,
+        cq_mod: s.cq_mod,
+        post_list: s.post_list,
+        qps: s.qps,
+        threads: s.threads,
         bidirectional: s.bidirectional.unwrap_or(false),
         events: s.events.unwrap_or(false),
-        post_list: s.post_list,
-        rx_depth: s.rx_depth.unwrap_or(d.rx_depth),
-        outstanding_reads: s.outstanding_reads,
         inline_size: s.inline.map(|b| b.to_u32()).transpose().map_err(|m| err("inline", &m))?,
         mtu: s.mtu.map(|b| b.to_u32()).transpose().map_err(|m| err("mtu", &m))?,
         validate_data: s.validate_data.unwrap_or(false),
         rdma_cm: s.rdma_cm.unwrap_or(false),
-        ..d
+        profile: None,
+        corrupt_at: None,
+        capacity: s.capacity.map(|b| b.0),
+        batch: s.batch,
+        notify: s.notify,
     };
-    // The ring's default size follows the records; the ring keys override it (and on any
-    // other test, the spec's check refuses them by name).
-    let ring = TestSpec::default_ring(operation, measure, spec.max_size()).or_else(|| {
-        (s.capacity.is_some() || s.batch.is_some() || s.notify.is_some())
-            .then(|| TestSpec::default_ring(crate::spec::Operation::Ring, measure, spec.max_size()))
-            .flatten()
-    });
-    spec.ring = ring.map(|d| RingParams {
-        capacity: s.capacity.map_or(d.capacity, |b| b.0),
-        notify: s.notify.unwrap_or(d.notify),
-        batch: s.batch.unwrap_or(d.batch),
-    });
-    spec.check().map_err(|e| {
-        let msg = e.message();
-        let key = FLAG_KEYS.iter().find(|(flag, _)| mentions(&msg, flag)).map_or("test", |(_, k)| k);
-        err(key, &msg)
-    })?;
+    let spec = options.spec(operation, measure);
+    spec.check_named(Field::key).map_err(|r| err(r.field.key(), &r.message))?;
     let repeat = s.repeat.unwrap_or(1);
     if repeat == 0 || repeat > 100 {
         return Err(err("repeat", &format!("repeat = {repeat} is out of range; use 1..=100")));
@@ -354,15 +315,5 @@ fn step(src: &Source, span: &Range<usize>, s: &RawStep, params: &BTreeMap<String
             thresholds,
             tolerance,
         })),
-    })
-}
-
-/// Whether `msg` names `flag` as a flag (not inside a longer word).
-fn mentions(msg: &str, flag: &str) -> bool {
-    msg.match_indices(flag).any(|(i, _)| {
-        let before = msg[..i].chars().last();
-        let after = msg[i + flag.len()..].chars().next();
-        !before.is_some_and(|c| c.is_alphanumeric() || c == '-')
-            && !after.is_some_and(|c| c.is_alphanumeric() || c == '-')
     })
 }

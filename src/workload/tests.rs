@@ -61,10 +61,13 @@ fn wrong_type_names_file_line_and_key() {
 fn impossible_values_name_file_line_and_key() {
     let cases = [
         ("size = 0\n", "size", "size 0"),
-        ("iterations = 0\n", "iterations", "-n 1"),
-        ("tx_depth = 0\n", "tx_depth", "-t 1"),
+        ("iterations = 0\n", "iterations", "use iterations 1 or more"),
+        ("tx_depth = 0\n", "tx_depth", "use tx_depth 1 or more"),
         ("mtu = 1500\n", "mtu", "4096"),
-        ("qps = 0\n", "qps", "-q 1"),
+        ("qps = 0\n", "qps", "use qps 1..=256"),
+        ("threads = 2\n", "threads", "threads 2 needs at least as many QPs (qps 1)"),
+        ("post_list = 500\n", "post_list", "use post_list 1..=128 (or raise tx_depth)"),
+        ("transport = \"UC\"\nrdma_cm = true\n", "rdma_cm", "drop rdma_cm"),
         ("repeat = 0\n", "repeat", "1..=100"),
         ("transport = \"UD\"\n", "transport", "UD carries only SEND"),
         ("[step.thresholds]\nmin_gbps = -1\n", "min_gbps", "positive"),
@@ -78,6 +81,9 @@ fn impossible_values_name_file_line_and_key() {
     for (extra, key, part) in cases {
         let text = format!("{BASE}{extra}");
         let e = err(&text);
+        // Workload errors name keys, never the flags (the same check says `-t` on the CLI).
+        let flag = e.match_indices(" -").any(|(i, _)| e[i + 2..].starts_with(|c: char| c.is_ascii_alphabetic()));
+        assert!(!flag, "{extra:?}: a flag in a workload error: {e}");
         let line = text.lines().position(|l| l.starts_with(key)).map(|i| i + 1).unwrap();
         assert!(e.starts_with(&format!("w.toml:{line}: key `{key}`")), "{extra:?}: {e}");
         assert!(e.contains(part), "{extra:?}: missing {part:?} in {e}");
