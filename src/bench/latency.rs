@@ -18,7 +18,7 @@ use crate::link::{Link, SizeRun};
 use crate::session::{Channel, Message};
 use crate::spec::{AtomicOp, Operation, TestSpec};
 use crate::stats::{Clock, LatencyRecorder};
-use crate::verbs::qp::{CqKind, check_completion, completions, imm_of};
+use crate::verbs::cq::{CqKind, check_completion, completions, imm_of};
 use crate::verbs::{SendRequest, Transport};
 
 /// Tag of iteration `i`: never 0 (the cleared value) and different from its neighbours.
@@ -364,7 +364,7 @@ pub fn server(run: &SizeRun, chan: &mut Channel) -> Result<EchoOutcome> {
 fn passive_server(run: &SizeRun, chan: &mut Channel) -> Result<EchoOutcome> {
     let iterations = match chan.recv("the end of the run")? {
         Message::Done { size, iterations, .. } if size == run.size => iterations,
-        other => return Err(Error::Peer(format!("{} sent {} instead of done", chan.peer(), other.kind()))),
+        other => return Err(chan.unexpected(&other, "done")),
     };
     Ok(EchoOutcome { iterations, data_error: atomic_counter_error(run, iterations) })
 }

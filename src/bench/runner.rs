@@ -105,7 +105,7 @@ pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResul
     match chan.recv("the server's goodbye")? {
         Message::Bye => {}
         other => {
-            return Err(Error::Peer(format!("{} sent {} instead of bye", chan.peer(), other.kind())));
+            return Err(chan.unexpected(&other, "bye"));
         }
     }
     if let Some(target) = &opts.json {
@@ -155,16 +155,17 @@ fn measure_size(
     match chan.recv("the server to get ready")? {
         Message::Ready { size: s } if s == size => {}
         other => {
-            return Err(Error::Peer(format!("{} sent {} instead of ready", chan.peer(), other.kind())));
+            return Err(chan.unexpected(&other, "ready"));
         }
     }
     let cpu = CpuMeter::start();
     let mut histogram = None;
     let mut per_qp = Vec::new();
     let mut per_thread = Vec::new();
-    let (iterations, duration_ns, latency, bandwidth) = match spec.measure {
-        Measure::Latency => {
-            let lat = if spec.operation == Operation::Ring {
+    let kernel = Kernel::of(spec);
+    let (iterations, duration_ns, latency, bandwidth) = match kernel {
+        Kernel::Latency | Kernel::RingLatency => {
+            let lat = if kernel == Kernel::RingLatency {
                 ring::latency_client(runs, chan)?
             } else {
                 latency::client(run, chan)?
@@ -177,11 +178,11 @@ fn measure_size(
             let result = LatencyResult { kind: kind.into(), unit: "ns".into(), summary };
             (lat.iterations, lat.elapsed_ns, Some(result), None)
         }
-        Measure::Bandwidth if spec.operation == Operation::Ring => {
+        Kernel::RingBandwidth => {
             let bw = ring::bandwidth_client(run, chan)?;
             (bw.iterations, bw.summary.elapsed_ns, None, Some(bw.summary))
         }
-        Measure::Bandwidth => {
+        Kernel::Bandwidth => {
             let side = bandwidth::client(runs, chan)?;
             if spec.bidirectional {
                 // The server's traffic landed here: check it like the server checks ours.
@@ -218,7 +219,7 @@ fn measure_size(
             reverse
         }
         other => {
-            return Err(Error::Peer(format!("{} sent {} instead of a verdict", chan.peer(), other.kind())));
+            return Err(chan.unexpected(&other, "a verdict"));
         }
     };
     let result = SizeResult {
@@ -270,7 +271,7 @@ pub fn finish_workload(host: &str, opts: &RunOptions) -> Result<()> {
     chan.send(&Message::Finish)?;
     match chan.recv("the server's goodbye")? {
         Message::Bye => Ok(()),
-        other => Err(Error::Peer(format!("{} sent {} instead of bye", chan.peer(), other.kind()))),
+        other => Err(chan.unexpected(&other, "bye")),
     }
 }
 
@@ -312,19 +313,17 @@ fn serve(mut chan: Channel, hello: Message, opts: &RunOptions, local_test_flags:
                     .iter()
                     .map(|link| SizeRun { link, spec: &spec, size, clock: &clock, timeout_ns: opts.timeout_ns() })
                     .collect();
-                let (iterations, data_error, reverse) = match spec.measure {
-                    Measure::Latency => {
-                        let o = if spec.operation == Operation::Ring {
-                            ring::latency_server(&runs, &mut chan)?
-                        } else {
-                            latency::server(&runs[0], &mut chan)?
-                        };
+                let (iterations, data_error, reverse) = match Kernel::of(&spec) {
+                    Kernel::Latency => {
+                        let o = latency::server(&runs[0], &mut chan)?;
                         (o.iterations, o.data_error, None)
                     }
-                    Measure::Bandwidth if spec.operation == Operation::Ring => {
-                        ring::bandwidth_server(&runs[0], &mut chan)?
+                    Kernel::RingLatency => {
+                        let o = ring::latency_server(&runs, &mut chan)?;
+                        (o.iterations, o.data_error, None)
                     }
-                    Measure::Bandwidth => bandwidth::server(&runs, &mut chan)?,
+                    Kernel::RingBandwidth => ring::bandwidth_server(&runs[0], &mut chan)?,
+                    Kernel::Bandwidth => bandwidth::server(&runs, &mut chan)?,
                 };
                 chan.send(&Message::Verdict { size, iterations, data_error: data_error.clone(), reverse })?;
                 if let Some(e) = data_error {
@@ -366,4 +365,28 @@ fn check_sharing(spec: &TestSpec, local: &Endpoint, remote: &Endpoint, peer: &st
         )));
     }
     Ok(())
+}
+
+/// The measurement loop a test runs, chosen here for both roles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    /// Ping-pong or round trips (`latency`).
+    Latency,
+    /// Windowed posting (`bandwidth`).
+    Bandwidth,
+    /// Records echoed over two rings (`ring`).
+    RingLatency,
+    /// Records through one ring (`ring`).
+    RingBandwidth,
+}
+
+impl Kernel {
+    fn of(spec: &TestSpec) -> Kernel {
+        match (spec.operation, spec.measure) {
+            (Operation::Ring, Measure::Latency) => Kernel::RingLatency,
+            (Operation::Ring, Measure::Bandwidth) => Kernel::RingBandwidth,
+            (_, Measure::Latency) => Kernel::Latency,
+            (_, Measure::Bandwidth) => Kernel::Bandwidth,
+        }
+    }
 }

@@ -142,18 +142,56 @@ fn transport(s: &str) -> std::result::Result<Transport, String> {
     }
 }
 
-/// Flags of a two-sided test. Without HOST this process is the server and needs only
-/// the device flags (-d -i -x -p); the client sends it everything else.
+/// Where the device and the peer are, and how long to wait for the peer: the flags every
+/// two-sided command shares (the tests and `run`).
 #[derive(Args, Debug, Clone)]
-pub struct TestArgs {
-    /// Server to connect to; omit it to be the server.
-    pub host: Option<String>,
+pub struct ConnectionArgs {
     /// RDMA device (default: the first one).
     #[arg(short = 'd', long = "ib-dev")]
     pub device: Option<String>,
     /// Device port.
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     pub ib_port: u8,
+    /// GID index (default: a RoCE v2 GID whose netdev is up, IPv4-mapped preferred).
+    #[arg(short = 'x', long = "gid-index")]
+    pub gid_index: Option<u32>,
+    /// TCP port of the control channel.
+    #[arg(short = 'p', long = "port", default_value_t = 18515)]
+    pub port: u16,
+    /// Seconds a client keeps retrying to reach its server, and a server waits for a client
+    /// (with `run --serve`, also between steps).
+    #[arg(long = "connect-timeout", default_value_t = 60.0, value_name = "SECS")]
+    pub connect_timeout: f64,
+    /// Seconds any wait for the peer may last before the peer is declared lost (exit 4).
+    #[arg(long = "timeout", default_value_t = 10.0, value_name = "SECS")]
+    pub timeout: f64,
+}
+
+impl ConnectionArgs {
+    /// The run options these flags set; the rest take their plain defaults.
+    pub fn run_options(&self, report_gbits: bool) -> Result<RunOptions> {
+        Ok(RunOptions {
+            selection: DeviceSelection { device: self.device.clone(), port: self.ib_port, gid_index: self.gid_index },
+            tcp_port: self.port,
+            connect_timeout: seconds("--connect-timeout", self.connect_timeout)?,
+            timeout: seconds("--timeout", self.timeout)?,
+            json: None,
+            cpu_util: false,
+            histogram: None,
+            units: if report_gbits { Units::GigaBits } else { Units::MegaBytes },
+            tables_on_stderr: false,
+        })
+    }
+}
+
+/// Flags of a two-sided test. Without HOST this process is the server and needs only
+/// the device flags (-d -i -x -p); the client sends it everything else.
+#[derive(Args, Debug, Clone)]
+pub struct TestArgs {
+    /// Server to connect to; omit it to be the server.
+    pub host: Option<String>,
+    #[command(flatten)]
+    pub conn: ConnectionArgs,
     /// Transport: RC, UC (write, send) or UD (send).
     #[arg(short = 'c', long = "connection", value_parser = transport, help = per_test_help(
         "Transport: RC, UC (write, send) or UD (send)", |s| s.transport.label()))]
@@ -172,12 +210,6 @@ pub struct TestArgs {
     /// Outstanding RDMA READs and atomics per QP (default min(16, the device's max_qp_rd_atom)).
     #[arg(short = 'o', long = "outstanding-reads", visible_alias = "outs")]
     pub outstanding_reads: Option<u32>,
-    /// GID index (default: a RoCE v2 GID whose netdev is up, IPv4-mapped preferred).
-    #[arg(short = 'x', long = "gid-index")]
-    pub gid_index: Option<u32>,
-    /// TCP port of the control channel.
-    #[arg(short = 'p', long = "port", default_value_t = 18515)]
-    pub port: u16,
     /// Message size in bytes, or with K/M/G (KiB...).
     #[arg(short = 's', long = "size", conflicts_with = "all", value_parser = parse_bytes, value_name = "BYTES",
           help = per_test_help("Message size: bytes, or with K/M/G (KiB, MiB, GiB)", |s| s.sizes[0]))]
@@ -251,12 +283,6 @@ pub struct TestArgs {
     /// the same physical NIC; every mode reports whether they share one.
     #[arg(long, value_enum)]
     pub profile: Option<ProfileName>,
-    /// Seconds the client keeps retrying to reach its server (and the server waits for a client).
-    #[arg(long = "connect-timeout", default_value_t = 60.0, value_name = "SECS")]
-    pub connect_timeout: f64,
-    /// Seconds any wait for the peer may last before the peer is declared lost (exit 4).
-    #[arg(long = "timeout", default_value_t = 10.0, value_name = "SECS")]
-    pub timeout: f64,
     /// Fault injection for tests: corrupt one byte of message N (needs --validate-data).
     #[arg(long = "inject-corruption", hide = true, value_name = "N")]
     pub corrupt_at: Option<u64>,
@@ -364,24 +390,8 @@ pub struct RunArgs {
     /// Serve every step a client drives, until it finishes.
     #[arg(long)]
     pub serve: bool,
-    /// RDMA device (default: the first one).
-    #[arg(short = 'd', long = "ib-dev")]
-    pub device: Option<String>,
-    /// Device port.
-    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
-    pub ib_port: u8,
-    /// GID index (default: a RoCE v2 GID whose netdev is up, IPv4-mapped preferred).
-    #[arg(short = 'x', long = "gid-index")]
-    pub gid_index: Option<u32>,
-    /// TCP port of the control channel.
-    #[arg(short = 'p', long = "port", default_value_t = 18515)]
-    pub port: u16,
-    /// Seconds to wait for the peer to appear (and, serving, between steps).
-    #[arg(long = "connect-timeout", default_value_t = 60.0, value_name = "SECS")]
-    pub connect_timeout: f64,
-    /// Seconds any wait for the peer may last before the peer is declared lost (exit 4).
-    #[arg(long = "timeout", default_value_t = 10.0, value_name = "SECS")]
-    pub timeout: f64,
+    #[command(flatten)]
+    pub conn: ConnectionArgs,
     /// Write the run's document (every step, repeat and verdict) to FILE, or stdout with `-`.
     #[arg(long, value_name = "FILE|-")]
     pub json: Option<String>,
@@ -407,17 +417,7 @@ pub struct RunArgs {
 
 impl RunArgs {
     pub fn options(&self) -> Result<RunOptions> {
-        Ok(RunOptions {
-            selection: DeviceSelection { device: self.device.clone(), port: self.ib_port, gid_index: self.gid_index },
-            tcp_port: self.port,
-            connect_timeout: seconds("--connect-timeout", self.connect_timeout)?,
-            timeout: seconds("--timeout", self.timeout)?,
-            json: None,
-            cpu_util: false,
-            histogram: None,
-            units: if self.report_gbits { Units::GigaBits } else { Units::MegaBytes },
-            tables_on_stderr: false,
-        })
+        self.conn.run_options(self.report_gbits)
     }
 }
 
@@ -642,15 +642,10 @@ impl TestArgs {
 
     pub fn options(&self) -> Result<RunOptions> {
         Ok(RunOptions {
-            selection: DeviceSelection { device: self.device.clone(), port: self.ib_port, gid_index: self.gid_index },
-            tcp_port: self.port,
-            connect_timeout: seconds("--connect-timeout", self.connect_timeout)?,
-            timeout: seconds("--timeout", self.timeout)?,
             json: self.json.clone(),
             cpu_util: self.cpu_util,
             histogram: self.histogram.clone(),
-            units: if self.report_gbits { Units::GigaBits } else { Units::MegaBytes },
-            tables_on_stderr: false,
+            ..self.conn.run_options(self.report_gbits)?
         })
     }
 }
@@ -789,7 +784,10 @@ mod tests {
             "10.0.0.1",
         ]);
         assert_eq!(a.host.as_deref(), Some("10.0.0.1"));
-        assert_eq!((a.device.as_deref(), a.ib_port, a.gid_index, a.port), (Some("rxe0"), 1, Some(1), 19000));
+        assert_eq!(
+            (a.conn.device.as_deref(), a.conn.ib_port, a.conn.gid_index, a.conn.port),
+            (Some("rxe0"), 1, Some(1), 19000)
+        );
         let s = a.spec(Operation::Write, Measure::Bandwidth);
         assert_eq!(
             (s.sizes[0], s.iterations, s.tx_depth, s.cq_mod, s.inline_size, s.mtu),

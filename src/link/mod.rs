@@ -362,7 +362,7 @@ fn watch_peer(chan: &mut Channel, waiting_for: &str) -> Result<()> {
 fn expect_endpoint(chan: &mut Channel) -> Result<Endpoint> {
     match chan.recv("the peer's endpoint")? {
         Message::Endpoint(e) => Ok(*e),
-        other => Err(Error::Peer(format!("{} sent {} instead of its endpoint", chan.peer(), other.kind()))),
+        other => Err(chan.unexpected(&other, "its endpoint")),
     }
 }
 

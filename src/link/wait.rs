@@ -7,7 +7,7 @@ use crate::link::Link;
 use crate::session::{Channel, Message, PeerPoll};
 use crate::signals;
 use crate::stats::Clock;
-use crate::verbs::qp::{Completion, CqKind, check_completion, completions};
+use crate::verbs::cq::{Completion, CqKind, check_completion, completions};
 use crate::verbs::{Qp, RecvRequest};
 
 const SPINS_PER_CHECK: u32 = 256;

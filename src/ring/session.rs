@@ -47,7 +47,7 @@ impl Producer {
         let link = prepared.connect(Role::Client, &spec, &mut chan)?.remove(0);
         match chan.recv("the consumer to post its receives")? {
             Message::Ready { .. } => {}
-            other => return Err(Error::Peer(format!("{} sent {} instead of ready", chan.peer(), other.kind()))),
+            other => return Err(chan.unexpected(&other, "ready")),
         }
         Ok(Producer { tx: Sender::new(link, &config, timeout)?, chan })
     }

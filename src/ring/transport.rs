@@ -18,7 +18,7 @@ use crate::link::wait::{SendWindow, Woke, spin_until};
 use crate::session::Channel;
 use crate::spec::ring::receive_scratch;
 use crate::stats::Clock;
-use crate::verbs::qp::{Completion, check_completion, completions, imm_of};
+use crate::verbs::cq::{Completion, check_completion, completions, imm_of};
 use crate::verbs::{RecvRequest, SendRequest};
 
 fn nanos(d: Duration) -> u64 {

@@ -104,6 +104,12 @@ impl Channel {
         self.timeout
     }
 
+    /// The one wording of "the peer sent X where Y was due" (exit 4: a peer that breaks the
+    /// protocol is as good as lost).
+    pub fn unexpected(&self, got: &Message, wanted: &str) -> Error {
+        Error::Peer(format!("{} sent {} instead of {wanted}", self.peer(), got.kind()))
+    }
+
     pub fn peer(&self) -> &str {
         &self.peer
     }

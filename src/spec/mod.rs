@@ -244,9 +244,8 @@ impl TestSpec {
     /// ring-lat polls like write-lat (which spins on the last byte, as perftest does): the
     /// same placement-order assumption, documented in `crate::ring`. Its ring is small:
     /// one record is in flight, and a ring that stays in cache (and in the TLB) answers
-    /// faster. ring-bw's ring holds 32 records: as much in flight as write-bw keeps (with
-    /// 16 records of 64 KiB, a 1 MiB ring, ring-bw made 0.75-0.85x write-bw in the lab;
-    /// with 4 MiB, 1.0x).
+    /// faster. ring-bw's ring holds 32 records: as much in flight as write-bw keeps (a ring
+    /// of 16 records left ring-bw short of write-bw; results/bench-ring-rxe.md).
     pub fn default_ring(operation: Operation, measure: Measure, max_size: u64) -> Option<RingParams> {
         (operation == Operation::Ring).then(|| match measure {
             Measure::Latency => RingParams {

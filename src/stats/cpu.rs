@@ -13,6 +13,7 @@ fn cpu_ns(scope: Scope) -> u64 {
         Scope::Process => libc::RUSAGE_SELF,
         Scope::Thread => libc::RUSAGE_THREAD,
     };
+    // SAFETY: rusage is a C struct of integers, for which all-zero is a valid value.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: getrusage fills the struct we own.
     if unsafe { libc::getrusage(who, &mut ru) } != 0 {

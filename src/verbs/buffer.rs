@@ -16,9 +16,11 @@ pub struct RegisteredBuf {
     len: usize,
 }
 
-// The buffer is plain memory; the MR handle is thread-safe in libibverbs. Threads touch
-// disjoint lanes of it, and remote writes are read with volatile loads.
+// SAFETY: the buffer is plain memory owned by this value (freed after its MR is
+// deregistered, in Drop), and the MR handle is thread-safe in libibverbs.
 unsafe impl Send for RegisteredBuf {}
+// SAFETY: threads touch disjoint lanes of the buffer, and bytes that the NIC or a peer
+// writes are read with volatile loads, never through references that assume no change.
 unsafe impl Sync for RegisteredBuf {}
 
 impl RegisteredBuf {
@@ -89,6 +91,8 @@ impl RegisteredBuf {
     /// No RDMA operation may write the range while the slice is alive.
     pub unsafe fn bytes(&self, offset: usize, len: usize) -> &[u8] {
         assert!(offset + len <= self.len);
+        // SAFETY: the range is inside the live allocation (asserted); the caller promises
+        // that nothing writes it while the slice lives.
         unsafe { std::slice::from_raw_parts(self.ptr.add(offset), len) }
     }
 
@@ -97,6 +101,8 @@ impl RegisteredBuf {
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn bytes_mut(&self, offset: usize, len: usize) -> &mut [u8] {
         assert!(offset + len <= self.len);
+        // SAFETY: the range is inside the live allocation (asserted); the caller promises
+        // that nothing else reads or writes it while the slice lives.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(offset), len) }
     }
 

@@ -92,8 +92,11 @@ struct EventChannel {
     raw: NonNull<rdma_event_channel>,
 }
 
-// The channel and ids are used by one thread at a time (the connecting one).
+// SAFETY: the channel is a librdmacm handle that librdmacm lets any thread use; it is
+// destroyed once, in Drop, after every id on it (they hold an Arc to it). Its events are
+// read only by the thread that is connecting.
 unsafe impl Send for EventChannel {}
+// SAFETY: as for Send: shared references only read events, from the connecting thread.
 unsafe impl Sync for EventChannel {}
 
 impl EventChannel {
@@ -220,7 +223,13 @@ struct CmId {
     _chan: Arc<EventChannel>,
 }
 
+// SAFETY: the id is a librdmacm handle owned by this value (destroyed once, in Drop,
+// before the channel it holds an Arc to); librdmacm allows an id to be used from any
+// thread, and a connection's id is used only by the thread that owns the link.
 unsafe impl Send for CmId {}
+// SAFETY: once connected, nothing uses the id but Drop (with exclusive access); a link
+// shared by its threads holds it only to disconnect it at the end. While connecting, the
+// one connecting thread owns it.
 unsafe impl Sync for CmId {}
 
 impl CmId {
@@ -292,8 +301,8 @@ fn conn_param(qp: &Qp, rd_atomic: u8) -> rdma_conn_param {
         responder_resources: rd_atomic,
         initiator_depth: rd_atomic,
         flow_control: 0,
-        retry_count: 7,
-        rnr_retry_count: 7,
+        retry_count: super::qp::RETRY_COUNT,
+        rnr_retry_count: super::qp::RNR_RETRY,
         srq: 0,
         qp_num: qp.qpn(),
     }

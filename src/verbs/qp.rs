@@ -4,29 +4,27 @@
 //! Work requests are built once and re-posted, so the hot loops neither allocate nor go
 //! through a per-post builder.
 
-use std::ffi::CStr;
-use std::os::fd::AsRawFd;
 use std::ptr::{NonNull, null_mut};
 use std::sync::Arc;
 
+use rdma_mummy_sys::ibv_access_flags as access;
 use rdma_mummy_sys::{
-    ibv_ack_cq_events, ibv_ah, ibv_ah_attr, ibv_cq, ibv_create_ah, ibv_destroy_ah, ibv_get_cq_event, ibv_gid,
-    ibv_global_route, ibv_modify_qp, ibv_poll_cq, ibv_post_recv, ibv_post_send, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask,
-    ibv_qp_state, ibv_recv_wr, ibv_req_notify_cq, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status_str,
-    ibv_wr_opcode,
+    ibv_ah, ibv_ah_attr, ibv_cq, ibv_create_ah, ibv_destroy_ah, ibv_gid, ibv_global_route, ibv_modify_qp,
+    ibv_post_recv, ibv_post_send, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_state, ibv_recv_wr, ibv_req_notify_cq,
+    ibv_send_wr,
 };
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, CompletionQueue};
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{BasicQueuePair, QueuePair, QueuePairType};
 
-use super::buffer::RegisteredBuf;
 use super::context::Rdma;
 use super::endpoint::Endpoint;
 use super::inventory::mtu_enum;
 use crate::error::{Error, Result};
 pub use crate::spec::Transport;
 
-pub type Completion = ibv_wc;
+use super::cq::{Completion, CqKind, cq, poll, wait_any_event};
+use super::wr::{RecvRequest, SendRequest, chain};
 
 /// Highest inline size probed; no NIC we know of goes beyond it.
 const INLINE_PROBE_MAX: u32 = 4096;
@@ -36,6 +34,16 @@ const HOP_LIMIT: u8 = 64;
 pub const UD_QKEY: u32 = 0x1111_1111;
 /// A UD receive buffer starts with room for the 40-byte GRH.
 pub const GRH_BYTES: u64 = 40;
+
+/// RC's local ACK timeout exponent: 4.096 us x 2^14 = 67 ms before a retransmission.
+pub const ACK_TIMEOUT: u8 = 14;
+/// RC retransmissions before the QP fails with a retry error (7 is the most).
+pub const RETRY_COUNT: u8 = 7;
+/// RNR (receiver not ready) retries: 7 means retry forever, so a receiver that is briefly
+/// short of posted receives slows the sender instead of failing it.
+pub const RNR_RETRY: u8 = 7;
+/// The wait this side asks an RNR sender to back off: code 12 = 0.64 ms.
+pub const MIN_RNR_TIMER: u8 = 12;
 
 /// The verbs QP type of a transport.
 fn qp_type(t: Transport) -> QueuePairType {
@@ -56,13 +64,6 @@ pub struct QpCaps {
     pub events: bool,
 }
 
-/// Which of a QP's completion queues a wait is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CqKind {
-    Send,
-    Recv,
-}
-
 pub struct Qp {
     // Drop order: the QP before the CQs it reports to. The CQ owners are held only so the
     // raw handles below stay valid.
@@ -74,35 +75,22 @@ pub struct Qp {
     raw_recv_cq: NonNull<ibv_cq>,
     ah: Option<AddressHandle>,
     // The CQs hold it too; kept here for its file descriptor.
-    channel: Option<Arc<CompletionChannel>>,
+    pub(super) channel: Option<Arc<CompletionChannel>>,
     pub transport: Transport,
     pub psn: u32,
 }
 
-// libibverbs objects may be used from any thread; rdmabench gives each QP (and its CQs
-// and requests) to one thread at a time.
+// SAFETY: the raw pointers are libibverbs handles owned by the sideway objects held
+// beside them (dropped after the QP), and libibverbs allows a QP and its CQs to be used
+// from any thread. Posting and polling are not synchronised by libibverbs for one QP, so
+// rdmabench gives each QP (with its CQs) to one thread at a time: the lanes of a
+// bandwidth test are split between threads, never shared.
 unsafe impl Send for Qp {}
+// SAFETY: as for Send; the `&self` methods that post or poll are called by the one
+// thread that drives this QP (see above), the others only read immutable handles.
 unsafe impl Sync for Qp {}
-unsafe impl Send for RecvRequest {}
-
-fn os_text<E: std::error::Error>(e: &E) -> String {
+pub(super) fn os_text<E: std::error::Error>(e: &E) -> String {
     std::error::Error::source(e).map(|s| s.to_string()).unwrap_or_else(|| e.to_string())
-}
-
-fn cq(rdma: &Rdma, entries: u32, channel: Option<&Arc<CompletionChannel>>) -> Result<Arc<BasicCompletionQueue>> {
-    let mut builder = rdma.ctx.create_cq_builder();
-    builder.setup_cqe(entries);
-    if let Some(ch) = channel {
-        builder.setup_comp_channel(ch, 0);
-    }
-    builder.build().map_err(|e| {
-        Error::Environment(format!(
-            "cannot create a CQ of {entries} entries on {}: {} (device max_cqe {})",
-            rdma.name(),
-            os_text(&e),
-            rdma.max_cqe
-        ))
-    })
 }
 
 impl Qp {
@@ -191,6 +179,7 @@ impl Qp {
         use ibv_qp_attr_mask as m;
         let av = address_vector(rdma, remote)?;
         self.init(rdma)?;
+        // SAFETY: ibv_qp_attr is a C struct for which all-zero is a valid value.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv_qp_state::IBV_QPS_RTR;
         let mut mask = m::IBV_QP_STATE.0;
@@ -202,7 +191,7 @@ impl Qp {
             mask |= m::IBV_QP_PATH_MTU.0 | m::IBV_QP_DEST_QPN.0 | m::IBV_QP_RQ_PSN.0 | m::IBV_QP_AV.0;
             if self.transport == Transport::Rc {
                 a.max_dest_rd_atomic = rd_atomic;
-                a.min_rnr_timer = 12;
+                a.min_rnr_timer = MIN_RNR_TIMER;
                 mask |= m::IBV_QP_MAX_DEST_RD_ATOMIC.0 | m::IBV_QP_MIN_RNR_TIMER.0;
             }
         }
@@ -214,14 +203,15 @@ impl Qp {
             ))
         })?;
 
+        // SAFETY: ibv_qp_attr is a C struct for which all-zero is a valid value.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv_qp_state::IBV_QPS_RTS;
         a.sq_psn = self.psn;
         let mut mask = m::IBV_QP_STATE.0 | m::IBV_QP_SQ_PSN.0;
         if self.transport == Transport::Rc {
-            a.timeout = 14;
-            a.retry_cnt = 7;
-            a.rnr_retry = 7;
+            a.timeout = ACK_TIMEOUT;
+            a.retry_cnt = RETRY_COUNT;
+            a.rnr_retry = RNR_RETRY;
             a.max_rd_atomic = rd_atomic;
             mask |= m::IBV_QP_TIMEOUT.0 | m::IBV_QP_RETRY_CNT.0 | m::IBV_QP_RNR_RETRY.0 | m::IBV_QP_MAX_QP_RD_ATOMIC.0;
         }
@@ -249,7 +239,12 @@ impl Qp {
                 mask |= m::IBV_QP_QKEY.0;
             }
             Transport::Rc | Transport::Uc => {
-                a.qp_access_flags = 1 | 2 | 4 | if self.transport == Transport::Rc { 8 } else { 0 };
+                // Remote reads and atomics need RC's responder resources; UC takes writes only.
+                let rc_only = if self.transport == Transport::Rc { access::IBV_ACCESS_REMOTE_ATOMIC.0 } else { 0 };
+                a.qp_access_flags =
+                    (access::IBV_ACCESS_LOCAL_WRITE | access::IBV_ACCESS_REMOTE_WRITE | access::IBV_ACCESS_REMOTE_READ)
+                        .0
+                        | rc_only;
                 mask |= m::IBV_QP_ACCESS_FLAGS.0;
             }
         }
@@ -358,91 +353,11 @@ impl Qp {
     }
 }
 
-/// Sleeps until any of `qps`' completion channels has an event, or `wait` passes; takes
-/// and acknowledges every event that arrived. True when at least one did.
-pub fn wait_any_event(qps: &[&Qp], wait: std::time::Duration) -> Result<bool> {
-    let channels: Vec<&Arc<CompletionChannel>> = qps.iter().filter_map(|q| q.channel.as_ref()).collect();
-    if channels.is_empty() {
-        return Ok(false);
-    }
-    let mut fds: Vec<libc::pollfd> =
-        channels.iter().map(|ch| libc::pollfd { fd: ch.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
-    // SAFETY: `fds` is a valid array of pollfd for its length.
-    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, wait.as_millis().min(i32::MAX as u128) as i32) };
-    if n <= 0 {
-        return Ok(false);
-    }
-    for (ch, fd) in channels.iter().zip(&fds) {
-        if fd.revents & libc::POLLIN == 0 {
-            continue;
-        }
-        let mut cq: *mut ibv_cq = null_mut();
-        let mut ctx: *mut std::ffi::c_void = null_mut();
-        // SAFETY: the channel is alive and readable, so this does not block.
-        if unsafe { ibv_get_cq_event(ch.comp_channel().as_ptr(), &mut cq, &mut ctx) } == 0 {
-            // SAFETY: acknowledging the one event just taken from this CQ.
-            unsafe { ibv_ack_cq_events(cq, 1) };
-        }
-    }
-    Ok(true)
-}
-
-/// A work request with one scatter/gather entry, linkable into a chain.
-trait Chainable {
-    type Wr;
-    /// Points the request at its own SGE and at `next` (null ends the chain).
-    fn link(&mut self, next: *mut Self::Wr);
-    fn wr(&mut self) -> *mut Self::Wr;
-}
-
-impl Chainable for SendRequest {
-    type Wr = ibv_send_wr;
-    fn link(&mut self, next: *mut ibv_send_wr) {
-        self.wr.sg_list = &mut self.sge;
-        self.wr.next = next;
-    }
-    fn wr(&mut self) -> *mut ibv_send_wr {
-        &mut self.wr
-    }
-}
-
-impl Chainable for RecvRequest {
-    type Wr = ibv_recv_wr;
-    fn link(&mut self, next: *mut ibv_recv_wr) {
-        self.wr.sg_list = &mut self.sge;
-        self.wr.next = next;
-    }
-    fn wr(&mut self) -> *mut ibv_recv_wr {
-        &mut self.wr
-    }
-}
-
-/// Links `reqs` in order and returns the head of the chain (None when empty).
-#[inline(always)]
-fn chain<T: Chainable>(reqs: &mut [T]) -> Option<*mut T::Wr> {
-    let n = reqs.len();
-    for i in 0..n {
-        let next = if i + 1 < n { reqs[i + 1].wr() } else { null_mut() };
-        reqs[i].link(next);
-    }
-    reqs.first_mut().map(|r| r.wr())
-}
-
 fn posted(rc: i32, verb: &str, likely: &str) -> Result<()> {
     if rc != 0 {
         return Err(Error::Environment(format!("{verb} failed: {} ({likely})", std::io::Error::from_raw_os_error(rc))));
     }
     Ok(())
-}
-
-#[inline(always)]
-fn poll(cq: NonNull<ibv_cq>, wcs: &mut [Completion]) -> Result<usize> {
-    // SAFETY: the CQ is alive and `wcs` is writable for its length.
-    let n = unsafe { ibv_poll_cq(cq.as_ptr(), wcs.len() as i32, wcs.as_mut_ptr()) };
-    if n < 0 {
-        return Err(Error::Environment(format!("ibv_poll_cq failed ({n})")));
-    }
-    Ok(n as usize)
 }
 
 fn address_vector(rdma: &Rdma, remote: &Endpoint) -> Result<ibv_ah_attr> {
@@ -516,178 +431,4 @@ fn random_psn() -> u32 {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.subsec_nanos())
     };
     v & 0x00ff_ffff
-}
-
-/// A send-queue work request and its one scatter/gather entry, built once, re-posted.
-#[repr(C)]
-pub struct SendRequest {
-    pub wr: ibv_send_wr,
-    pub sge: ibv_sge,
-}
-
-impl SendRequest {
-    fn new(opcode: u32, local: &RegisteredBuf, offset: usize, len: u32) -> SendRequest {
-        // SAFETY: ibv_send_wr is a C struct for which all-zero is a valid value.
-        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.opcode = opcode;
-        wr.num_sge = 1;
-        SendRequest { wr, sge: ibv_sge { addr: local.addr() + offset as u64, length: len, lkey: local.lkey() } }
-    }
-
-    /// RDMA WRITE (with immediate data when `imm` is set) of `len` bytes at `offset`.
-    pub fn write(
-        local: &RegisteredBuf,
-        offset: usize,
-        len: u32,
-        remote_addr: u64,
-        rkey: u32,
-        imm: Option<u32>,
-    ) -> Self {
-        let op =
-            if imm.is_some() { ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM } else { ibv_wr_opcode::IBV_WR_RDMA_WRITE };
-        let mut r = SendRequest::new(op, local, offset, len);
-        r.wr.wr.rdma.remote_addr = remote_addr;
-        r.wr.wr.rdma.rkey = rkey;
-        r.wr.imm_data_invalidated_rkey_union.imm_data = imm.unwrap_or(0).to_be();
-        r
-    }
-
-    /// RDMA READ of `len` bytes from `remote_addr` into `offset`.
-    pub fn read(local: &RegisteredBuf, offset: usize, len: u32, remote_addr: u64, rkey: u32) -> Self {
-        let mut r = SendRequest::new(ibv_wr_opcode::IBV_WR_RDMA_READ, local, offset, len);
-        r.wr.wr.rdma.remote_addr = remote_addr;
-        r.wr.wr.rdma.rkey = rkey;
-        r
-    }
-
-    /// SEND (with immediate data when `imm` is set).
-    pub fn send(local: &RegisteredBuf, offset: usize, len: u32, imm: Option<u32>) -> Self {
-        let op = if imm.is_some() { ibv_wr_opcode::IBV_WR_SEND_WITH_IMM } else { ibv_wr_opcode::IBV_WR_SEND };
-        let mut r = SendRequest::new(op, local, offset, len);
-        r.wr.imm_data_invalidated_rkey_union.imm_data = imm.unwrap_or(0).to_be();
-        r
-    }
-
-    /// Fetch-and-add of `add` on the 8 bytes at `remote_addr`; the old value lands at `offset`.
-    pub fn fetch_add(local: &RegisteredBuf, offset: usize, remote_addr: u64, rkey: u32, add: u64) -> Self {
-        let mut r = SendRequest::new(ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD, local, offset, 8);
-        r.wr.wr.atomic.remote_addr = remote_addr;
-        r.wr.wr.atomic.rkey = rkey;
-        r.wr.wr.atomic.compare_add = add;
-        r
-    }
-
-    /// Compare-and-swap on the 8 bytes at `remote_addr`; the old value lands at `offset`.
-    pub fn cmp_swap(
-        local: &RegisteredBuf,
-        offset: usize,
-        remote_addr: u64,
-        rkey: u32,
-        compare: u64,
-        swap: u64,
-    ) -> Self {
-        let mut r = SendRequest::new(ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP, local, offset, 8);
-        r.wr.wr.atomic.remote_addr = remote_addr;
-        r.wr.wr.atomic.rkey = rkey;
-        r.wr.wr.atomic.compare_add = compare;
-        r.wr.wr.atomic.swap = swap;
-        r
-    }
-
-    /// Addresses a UD request to the peer.
-    pub fn to_ud(mut self, ah: *mut ibv_ah, remote_qpn: u32) -> Self {
-        self.wr.wr.ud.ah = ah;
-        self.wr.wr.ud.remote_qpn = remote_qpn;
-        self.wr.wr.ud.remote_qkey = UD_QKEY;
-        self
-    }
-
-    #[inline(always)]
-    pub fn set_flags(&mut self, signaled: bool, inline: bool) {
-        let mut f = 0;
-        if signaled {
-            f |= ibv_send_flags::IBV_SEND_SIGNALED.0;
-        }
-        if inline {
-            f |= ibv_send_flags::IBV_SEND_INLINE.0;
-        }
-        self.wr.send_flags = f;
-    }
-
-    #[inline(always)]
-    pub fn set_wr_id(&mut self, id: u64) {
-        self.wr.wr_id = id;
-    }
-
-    #[inline(always)]
-    pub fn set_local(&mut self, addr: u64, len: u32) {
-        self.sge.addr = addr;
-        self.sge.length = len;
-    }
-
-    /// Sets the remote address of an RDMA request (the `rdma` member of the union).
-    #[inline(always)]
-    pub fn set_remote(&mut self, addr: u64) {
-        self.wr.wr.rdma.remote_addr = addr;
-    }
-
-    /// Sets compare/add and swap of an atomic request.
-    #[inline(always)]
-    pub fn set_atomic(&mut self, compare_add: u64, swap: u64) {
-        self.wr.wr.atomic.compare_add = compare_add;
-        self.wr.wr.atomic.swap = swap;
-    }
-
-    #[inline(always)]
-    pub fn set_imm(&mut self, imm: u32) {
-        self.wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
-    }
-}
-
-/// A receive work request and its one scatter/gather entry.
-#[repr(C)]
-pub struct RecvRequest {
-    pub wr: ibv_recv_wr,
-    pub sge: ibv_sge,
-}
-
-impl RecvRequest {
-    pub fn new(local: &RegisteredBuf, offset: usize, len: u32, wr_id: u64) -> RecvRequest {
-        RecvRequest {
-            wr: ibv_recv_wr { wr_id, next: null_mut(), sg_list: null_mut(), num_sge: 1 },
-            sge: ibv_sge { addr: local.addr() + offset as u64, length: len, lkey: local.lkey() },
-        }
-    }
-}
-
-/// A zeroed completion array for polling.
-pub fn completions<const N: usize>() -> [Completion; N] {
-    // SAFETY: ibv_wc is a C struct for which all-zero is a valid value.
-    unsafe { std::mem::zeroed() }
-}
-
-/// Ok(wr_id) for a successful completion; otherwise the error it means. A transport retry
-/// failure means the peer stopped acknowledging: it died or its QP is gone.
-pub fn check_completion(wc: &Completion, peer: &str) -> Result<u64> {
-    if wc.status == 0 {
-        return Ok(wc.wr_id);
-    }
-    // SAFETY: returns a static string for any status value.
-    let text = unsafe { CStr::from_ptr(ibv_wc_status_str(wc.status)) }.to_string_lossy().into_owned();
-    match wc.status {
-        12 | 13 | 5 => Err(Error::Peer(format!(
-            "{peer} stopped responding on the RDMA path: completion status {text} ({}); it died, hung or its QP is gone",
-            wc.status
-        ))),
-        _ => Err(Error::Check(format!(
-            "work request failed with completion status {text} ({}, vendor error {:#x})",
-            wc.status, wc.vendor_err
-        ))),
-    }
-}
-
-/// The immediate data of a receive completion, in host order.
-pub fn imm_of(wc: &Completion) -> u32 {
-    // SAFETY: reading the imm member of a plain-data union.
-    u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })
 }

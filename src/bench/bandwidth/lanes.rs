@@ -8,7 +8,7 @@ use crate::link::wait::{EVENT_SLICE, RecvRing, SendWindow};
 use crate::link::{Link, SizeRun};
 use crate::spec::{AtomicOp, Operation, TestSpec};
 use crate::stats::{Clock, PeakMeter, ThroughputSummary};
-use crate::verbs::qp::{CqKind, check_completion, imm_of, wait_any_event};
+use crate::verbs::cq::{CqKind, check_completion, imm_of, wait_any_event};
 use crate::verbs::{Qp, SendRequest, Transport};
 
 use super::check_read_slots;

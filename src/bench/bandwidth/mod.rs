@@ -183,7 +183,7 @@ pub fn server(runs: &[SizeRun], chan: &mut Channel) -> Result<(u64, Option<Strin
                 data_error: None,
                 per_thread: Vec::new(),
             },
-            other => return Err(Error::Peer(format!("{} sent {} instead of done", chan.peer(), other.kind()))),
+            other => return Err(chan.unexpected(&other, "done")),
         }
     };
     let peer_total = outcome.peer_total.unwrap_or(0);
