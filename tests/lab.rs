@@ -812,6 +812,23 @@ fn lab_run_smoke_workload_end_to_end() {
     assert_eq!(c.code, 1, "{}\n{}", c.stdout, c.stderr);
     assert!(c.stdout.contains("FAIL") && c.stderr.contains("step(s) failed: lat"), "{}\n{}", c.stdout, c.stderr);
     assert!(std::fs::read_to_string(&junit).unwrap().contains("<failure"));
+
+    // Ring tests run as workload steps too, with their own keys (sizes with suffixes).
+    let ring = json_file(&dir, "ring.toml");
+    std::fs::write(
+        &ring,
+        "name = \"ring\"\n[[step]]\nname = \"bw\"\ntest = \"ring-bw\"\nsize = 64\niterations = 5000\n\
+         validate_data = true\ncapacity = \"64K\"\nnotify = \"poll\"\n[step.thresholds]\nmin_mpps = 0.0001\n\
+         [[step]]\nname = \"lat\"\ntest = \"ring-lat\"\nsize = \"1K\"\niterations = 300\n",
+    )
+    .unwrap();
+    let (c, s) = run_workload(&ring, &["--json", &json]);
+    assert_eq!((c.code, s.code), (0, 0), "{}\n{}\n{}", c.stdout, c.stderr, s.stderr);
+    assert!(c.stdout.contains("Ring records (poll notify, 65536 B ring, batch 16)"), "{}", c.stdout);
+    assert!(c.stdout.ends_with("=== workload ring: PASS ===\n"), "the verdict closes the output: {}", c.stdout);
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["steps"][0]["spec"]["ring"]["capacity"], 65536);
+    assert_eq!(doc["steps"][1]["spec"]["sizes"][0], 1024);
 }
 
 /// The regression gate compares runs made here and now, never a figure recorded on another
