@@ -183,6 +183,13 @@ fn junit_case(c: &Check) -> junit::Case {
 /// `nccl-env`: the variables as `export` lines, `NAME=value` lines or JSON.
 pub fn nccl_env(tree: &Tree, format: NcclFormat, out: &mut dyn Write) -> Result<()> {
     let env = nccl::compute(tree)?;
+    if !env.skipped.is_empty() {
+        // stderr: stdout stays eval-able.
+        eprintln!(
+            "rdmabench: nccl-env: skipped {} (in sysfs, but this process has no /dev/infiniband verbs node for it)",
+            env.skipped.join(", ")
+        );
+    }
     let text = match format {
         NcclFormat::Export => env.vars().iter().map(|(k, v)| format!("export {k}={v}\n")).collect(),
         NcclFormat::Env => env.vars().iter().map(|(k, v)| format!("{k}={v}\n")).collect(),
@@ -193,6 +200,7 @@ pub fn nccl_env(tree: &Tree, format: NcclFormat, out: &mut dyn Write) -> Result<
                 "hca": env.hca,
                 "gid_index": env.gid_index,
                 "rate_gbps": env.rate_gbps,
+                "skipped": env.skipped,
             }))
             .expect("serialisable")
                 + "\n"

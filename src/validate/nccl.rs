@@ -10,6 +10,10 @@
 //!   script lists `dev:port` twice and calls the indexes inconsistent.
 //! - Rates are compared as numbers, so `2.5 Gb/sec` works (bash's `-gt` fails on it).
 //! - The failure messages name each device, port and index instead of one line.
+//! - Only devices this process can open count: those with a verbs node
+//!   (`/dev/infiniband/uverbsN`). A shared-mode pod sees every device of the node in sysfs
+//!   but only its own verbs nodes; the script would hand NCCL devices it cannot open. The
+//!   others are reported as `skipped`.
 
 use std::collections::BTreeSet;
 
@@ -24,6 +28,8 @@ pub struct NcclEnv {
     pub hca: Vec<String>,
     pub gid_index: u32,
     pub rate_gbps: f64,
+    /// Devices sysfs shows that this process cannot open (no verbs node): not for NCCL.
+    pub skipped: Vec<String>,
 }
 
 impl NcclEnv {
@@ -52,9 +58,20 @@ fn qualifies(tree: &Tree, g: &Gid) -> bool {
 }
 
 pub fn compute(tree: &Tree) -> Result<NcclEnv> {
-    let devices = tree.rdma_devices();
-    if devices.is_empty() {
+    let all = tree.rdma_devices();
+    if all.is_empty() {
         return Err(Error::no_rdma(format!("no device under {}", tree.sys.join("class/infiniband").display())));
+    }
+    let openable = |d: &&super::sysfs::RdmaDevice| d.uverbs.as_deref().is_some_and(|u| tree.char_device_present(u));
+    let (devices, skipped): (Vec<_>, Vec<_>) = all.iter().partition(openable);
+    let skipped: Vec<String> = skipped.iter().map(|d| d.name.clone()).collect();
+    if devices.is_empty() {
+        return Err(Error::no_rdma(format!(
+            "{} device(s) in sysfs ({}) but no verbs node for any under {} (the pod was given none)",
+            skipped.len(),
+            skipped.join(", "),
+            tree.dev.join("infiniband").display()
+        )));
     }
     let mut candidates = Vec::new();
     for d in &devices {
@@ -89,5 +106,5 @@ pub fn compute(tree: &Tree) -> Result<NcclEnv> {
              leaked NIC shifts indexes) or set NCCL_IB_HCA to the devices that agree"
         )));
     };
-    Ok(NcclEnv { hca: fastest.iter().map(|c| c.hca.clone()).collect(), gid_index, rate_gbps: top })
+    Ok(NcclEnv { hca: fastest.iter().map(|c| c.hca.clone()).collect(), gid_index, rate_gbps: top, skipped })
 }

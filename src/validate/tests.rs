@@ -253,6 +253,23 @@ fn nccl_env_refuses_what_the_script_skips() {
 }
 
 #[test]
+fn nccl_env_lists_only_the_devices_this_process_can_open() {
+    // A shared-mode pod: sysfs shows four NICs, the plugin mounted the verbs nodes of two.
+    let mut nics: Vec<Nic> = (0..4).map(Nic::roce).collect();
+    nics[1].uverbs = false;
+    nics[3].uverbs = false;
+    let env = nccl_of(&nics).unwrap();
+    assert_eq!(env.hca, ["mlx5_0:1", "mlx5_2:1"]);
+    assert_eq!(env.skipped, ["mlx5_1", "mlx5_3"]);
+    for nic in &mut nics {
+        nic.uverbs = false;
+    }
+    let e = nccl_of(&nics).unwrap_err();
+    assert_eq!(e.exit_code(), 3);
+    assert!(e.message().contains("4 device(s) in sysfs") && e.message().contains("no verbs node"), "{}", e.message());
+}
+
+#[test]
 fn nccl_env_lists_a_port_with_two_addresses_once() {
     let mut two = Nic::roce(0);
     two.more_ipv4 = vec!["10.9.9.9".parse().unwrap()];
