@@ -533,6 +533,10 @@ pub struct RenderArgs {
     /// TCP port of the control channel: pod i listens on PORT + i.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     pub port: u16,
+    /// Set a threshold parameter of the workload for the pods' run: NAME=VALUE (repeatable),
+    /// e.g. `--param min_write_gbps=180` for a 200 Gb/s NIC; checked against the workload's [params].
+    #[arg(long = "param", value_name = "NAME=VALUE", value_parser = parse_param)]
+    pub params: Vec<(String, f64)>,
 }
 
 impl RenderArgs {
@@ -551,6 +555,7 @@ impl RenderArgs {
             fleet: self.pods.map(|n| (n, self.topology)),
             deadline_s: self.deadline,
             port: self.port,
+            params: self.params.clone(),
         }
     }
 }

@@ -42,6 +42,8 @@ pub struct JobParams {
     pub fleet: Option<(u32, Topology)>,
     pub deadline_s: i64,
     pub port: u16,
+    /// The workload's threshold parameters, as `--param NAME=VALUE`.
+    pub params: Vec<(String, f64)>,
 }
 
 pub const CONTAINER: &str = "rdmabench";
@@ -118,7 +120,7 @@ if [ "$serve" = yes ]; then
 fi
 rdmabench run "$RDMABENCH_WORKLOADS/$RDMABENCH_WORKLOAD.toml" \
   --peer "${RDMABENCH_PEER_ADDR:-$RDMABENCH_JOB-$peer.$RDMABENCH_SERVICE}" \
-  -p $((RDMABENCH_PORT + peer)) --connect-timeout 900 --json "$tmp/run.json"
+  -p $((RDMABENCH_PORT + peer)) --connect-timeout 900 --json "$tmp/run.json" ${RDMABENCH_RUN_ARGS:-}
 rc=$?
 run=null; [ -s "$tmp/run.json" ] && run=$(tr -d '\n' < "$tmp/run.json")
 echo "RDMABENCH_RESULT {\"pod\":$i,\"peer\":$peer,\"node\":\"$(hostname)\",\"exit\":$rc,\"run\":$run}"
@@ -166,6 +168,10 @@ fn container(p: &JobParams) -> Container {
             env("RDMABENCH_WORKLOAD", &p.workload),
             env("RDMABENCH_WORKLOADS", WORKLOADS_DIR),
             env("RDMABENCH_PORT", p.port.to_string()),
+            env(
+                "RDMABENCH_RUN_ARGS",
+                p.params.iter().map(|(k, v)| format!("--param {k}={v}")).collect::<Vec<_>>().join(" "),
+            ),
         ]),
         resources: Some(ResourceRequirements {
             requests: Some(resources.clone()),

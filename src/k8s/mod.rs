@@ -34,6 +34,19 @@ pub struct RenderRequest {
     pub fleet: Option<(u32, Topology)>,
     pub deadline_s: i64,
     pub port: u16,
+    /// `--param NAME=VALUE` for the workload's thresholds, passed to the pods' `run`.
+    pub params: Vec<(String, f64)>,
+}
+
+/// The text of a workload the image ships (the same files: `Dockerfile` copies workloads/).
+fn shipped_text(name: &str) -> Option<&'static str> {
+    match name {
+        "smoke" => Some(include_str!("../../workloads/smoke.toml")),
+        "acceptance" => Some(include_str!("../../workloads/acceptance.toml")),
+        "sweep" => Some(include_str!("../../workloads/sweep.toml")),
+        "regression" => Some(include_str!("../../workloads/regression.toml")),
+        _ => None,
+    }
 }
 
 /// Checks a request against the documents' rules; returns the parameters and warnings.
@@ -50,6 +63,10 @@ pub fn plan(r: &RenderRequest) -> Result<(JobParams, Vec<String>)> {
             SHIPPED_WORKLOADS.join(", ")
         )));
     }
+    // The parameters must be the workload's own: the pods would fail on them at run time.
+    let text = shipped_text(&r.workload).expect("every shipped workload has its text");
+    let overrides = r.params.iter().cloned().collect();
+    crate::workload::file::parse(text, &format!("{}.toml", r.workload), &overrides)?;
     if let Some((pods, topology)) = r.fleet {
         fleet::check(pods, topology).map_err(Error::Usage)?;
     }
@@ -95,6 +112,7 @@ pub fn plan(r: &RenderRequest) -> Result<(JobParams, Vec<String>)> {
             fleet: r.fleet,
             deadline_s: r.deadline_s,
             port: r.port,
+            params: r.params.clone(),
         },
         warnings,
     ))
@@ -117,6 +135,7 @@ pub fn committed() -> Vec<(String, RenderRequest)> {
         fleet: None,
         deadline_s: 1800,
         port: 18515,
+        params: Vec::new(),
     };
     let mut v: Vec<(String, RenderRequest)> = platform::MODES
         .iter()
@@ -306,6 +325,25 @@ mod tests {
         for pkg in ["libibverbs1", "ibverbs-providers", "rdma-core", "librdmacm1"] {
             assert!(text.contains(pkg), "runtime package {pkg}");
         }
+    }
+
+    #[test]
+    fn params_reach_the_pods_run_and_unknown_ones_are_refused() {
+        let mut r = request(Platform::Vke, "exclusive", 2);
+        r.params = vec![("min_write_gbps".into(), 180.0), ("max_write_p50_us".into(), 3.5)];
+        let (_, job) = rendered(&r);
+        let envs = &job["spec"]["template"]["spec"]["containers"][0]["env"];
+        let run_args = envs.as_array().unwrap().iter().find(|e| e["name"] == "RDMABENCH_RUN_ARGS").unwrap();
+        assert_eq!(run_args["value"], "--param min_write_gbps=180 --param max_write_p50_us=3.5");
+        let script = job["spec"]["template"]["spec"]["containers"][0]["command"][2].as_str().unwrap();
+        assert!(script.contains("--json \"$tmp/run.json\" ${RDMABENCH_RUN_ARGS:-}"), "the run takes them");
+        r.params = vec![("min_gbps".into(), 1.0)];
+        let e = plan(&r).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.message().contains("--param min_gbps") && e.message().contains("min_write_gbps"), "{}", e.message());
+        r.workload = "smoke".into();
+        r.params = vec![("min_write_gbps".into(), 1.0)];
+        assert!(plan(&r).unwrap_err().message().contains("its [params] are: none"), "smoke has no parameters");
     }
 
     #[test]
