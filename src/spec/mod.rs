@@ -3,12 +3,12 @@
 //! device flags. Checks that need no device live here; checks against a device's
 //! limits live in `check_against_device`, fed with the limits the verbs layer read.
 
-use serde::{Deserialize, Serialize};
-
-use crate::error::{Error, Result};
 pub mod options;
 pub mod ring;
 
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
 pub use options::{Field, Names, Options, Refusal};
 pub use ring::{Notify, RingParams};
 
