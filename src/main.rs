@@ -44,9 +44,7 @@ fn run_workload(args: &RunArgs, out: &mut dyn std::io::Write) -> Result<()> {
 }
 
 fn k8s_command(command: K8sCommand, out: &mut dyn std::io::Write) -> Result<()> {
-    let write = |out: &mut dyn std::io::Write, text: &str| {
-        out.write_all(text.as_bytes()).map_err(|e| rdmabench::Error::Environment(format!("cannot write: {e}")))
-    };
+    let write = |out: &mut dyn std::io::Write, text: &str| write_all(out, text.as_bytes());
     match command {
         K8sCommand::Render(args) => {
             let (params, warnings) = k8s::plan(&args.request())?;
@@ -71,15 +69,16 @@ fn k8s_command(command: K8sCommand, out: &mut dyn std::io::Write) -> Result<()> 
             let readme = dir.join("README.md");
             let text = std::fs::read_to_string(&readme).unwrap_or_default();
             let (begin, end) = ("<!-- modes:begin -->\n", "<!-- modes:end -->");
-            match (text.find(begin), text.find(end)) {
-                (Some(b), Some(e)) if b < e => {
-                    let text = format!("{}{}{}", &text[..b + begin.len()], k8s::readme_table(), &text[e..]);
+            match report::markers::replace_between(&text, begin, end, &k8s::readme_table()) {
+                Some(text) => {
                     std::fs::write(&readme, text).map_err(|e| {
                         rdmabench::Error::Environment(format!("cannot write {}: {e}", readme.display()))
                     })?;
                     write(out, &format!("{} (table)\n", readme.display()))?;
                 }
-                _ => write(out, &format!("{}: no {begin:?}..{end:?} markers, table not written\n", readme.display()))?,
+                None => {
+                    write(out, &format!("{}: no {begin:?}..{end:?} markers, table not written\n", readme.display()))?
+                }
             }
             Ok(())
         }

@@ -31,8 +31,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 
 /// A byte count that must fit a 32-bit field (inline size, MTU).
 pub fn parse_bytes_u32(s: &str) -> Result<u32, String> {
-    let n = parse_bytes(s)?;
-    u32::try_from(n).map_err(|_| format!("{s:?} ({n} B) is too large; at most {} B (4 GiB - 1)", u32::MAX))
+    Bytes(parse_bytes(s)?).to_u32().map_err(|e| format!("{s:?}: {e}"))
 }
 
 /// A workload file's byte-valued key: an integer (`size = 65536`) or a string with a

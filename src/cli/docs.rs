@@ -60,9 +60,7 @@ pub fn flag_table() -> String {
 /// `text` (the README) with the generated table between its markers; None when the markers
 /// are missing.
 pub fn with_flag_table(text: &str) -> Option<String> {
-    let start = text.find(BEGIN)? + BEGIN.len();
-    let end = text[start..].find(END)? + start;
-    Some(format!("{}\n{}{}", &text[..start], flag_table(), &text[end..]))
+    crate::report::markers::replace_between(text, BEGIN, END, &flag_table())
 }
 
 /// The man page (roff), from the same definitions.

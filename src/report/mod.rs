@@ -6,6 +6,7 @@ pub mod devices;
 pub mod histogram;
 pub mod json;
 pub mod junit;
+pub mod markers;
 pub mod metrics;
 pub mod plot;
 pub mod run;
