@@ -185,50 +185,44 @@ impl ConnectionArgs {
 }
 
 /// Flags of a two-sided test. Without HOST this process is the server and needs only
-/// the device flags (-d -i -x -p); the client sends it everything else.
+/// the device flags (-d -i -x -p); the client sends it everything else. A flag whose
+/// default differs by test has its whole help in `help = ...` (with the default computed
+/// from the spec), not in a doc comment, so there is one text.
 #[derive(Args, Debug, Clone)]
 pub struct TestArgs {
     /// Server to connect to; omit it to be the server.
     pub host: Option<String>,
     #[command(flatten)]
     pub conn: ConnectionArgs,
-    /// Transport: RC, UC (write, send) or UD (send).
     #[arg(short = 'c', long = "connection", value_parser = transport, help = per_test_help(
         "Transport: RC, UC (write, send) or UD (send)", |s| s.transport.label()))]
     pub transport: Option<Transport>,
-    /// Receive queue depth, where the test posts receives (send, write with immediate).
     #[arg(short = 'r', long = "rx-depth", help = per_test_help(
         "Receive queue depth, where the test posts receives (send, write with immediate)", |s| s.rx_depth))]
     pub rx_depth: Option<u32>,
     /// WRITE or SEND with immediate data (the receiver consumes a receive per message).
     #[arg(long = "with-imm")]
     pub with_imm: bool,
-    /// Atomic verb of the atomic tests.
     #[arg(short = 'A', long = "atomic_type", visible_alias = "atomic-type", value_enum,
           help = per_test_help("Atomic verb of the atomic tests", |s| s.atomic_op.label()))]
     pub atomic_op: Option<AtomicOp>,
     /// Outstanding RDMA READs and atomics per QP (default min(16, the device's max_qp_rd_atom)).
     #[arg(short = 'o', long = "outstanding-reads", visible_alias = "outs")]
     pub outstanding_reads: Option<u32>,
-    /// Message size in bytes, or with K/M/G (KiB...).
     #[arg(short = 's', long = "size", conflicts_with = "all", value_parser = parse_bytes, value_name = "BYTES",
           help = per_test_help("Message size: bytes, or with K/M/G (KiB, MiB, GiB)", |s| s.sizes[0]))]
     pub size: Option<u64>,
     /// Every size from 2 B to 8 MiB (powers of two).
     #[arg(short = 'a', long = "all")]
     pub all: bool,
-    /// Iterations per size.
     #[arg(short = 'n', long = "iters", conflicts_with = "duration",
           help = per_test_help("Iterations per size", |s| s.iterations))]
     pub iterations: Option<u64>,
     /// Run each size for this many seconds instead of a fixed count.
     #[arg(short = 'D', long = "duration")]
     pub duration: Option<f64>,
-    /// Send queue depth.
     #[arg(short = 't', long = "tx-depth", help = per_test_help("Send queue depth", |s| s.tx_depth))]
     pub tx_depth: Option<u32>,
-    /// Request a completion every N work requests, capped at the tx depth; with -l, the post
-    /// list length, as perftest. Ring tests signal by --batch and refuse it.
     #[arg(short = 'Q', long = "cq-mod", help = format!(
         "Request a completion every N work requests, capped at the tx depth; with -l, the post list length, as \
          perftest; ring tests signal by --batch and refuse it (default {})", crate::spec::DEFAULT_CQ_MOD))]
@@ -237,11 +231,9 @@ pub struct TestArgs {
     /// Default: whatever room the send window has, as one chain.
     #[arg(short = 'l', long = "post-list", visible_alias = "post_list")]
     pub post_list: Option<u32>,
-    /// Queue pairs per side (bandwidth tests); each sends the -n iterations.
     #[arg(short = 'q', long = "qp", help = per_test_help(
         "Queue pairs per side (bandwidth tests); each sends the -n iterations", |s| s.num_qps))]
     pub num_qps: Option<u32>,
-    /// Spread the QPs over this many pinned threads (bandwidth tests; at most -q).
     #[arg(long = "threads", help = per_test_help(
         "Spread the QPs over this many pinned threads (bandwidth tests; at most -q)", |s| s.threads))]
     pub threads: Option<u32>,
@@ -258,7 +250,6 @@ pub struct TestArgs {
     /// HdrHistogram interval-log format, for plotting.
     #[arg(long, value_name = "FILE")]
     pub histogram: Option<String>,
-    /// Post messages up to this size inline, clamped to the device's limit.
     #[arg(short = 'I', long = "inline-size", value_parser = parse_bytes_u32, value_name = "BYTES",
           help = per_test_help("Post messages up to this size inline, clamped to the device's limit",
                                |s| s.requested_inline()))]
@@ -291,12 +282,10 @@ pub struct TestArgs {
     /// least 64K; at most 64M unless two records need more).
     #[arg(long, value_parser = parse_bytes, value_name = "BYTES")]
     pub capacity: Option<u64>,
-    /// Ring tests: committed records coalesced into one RDMA WRITE at most.
     #[arg(long, value_name = "N", help = format!(
         "Ring tests: committed records coalesced into one RDMA WRITE at most (default: {})",
         crate::spec::per_test_where(|s| s.ring.map(|r| r.batch))))]
     pub batch: Option<u32>,
-    /// Ring tests: how the consumer learns of arrivals.
     #[arg(long, value_enum, help = format!(
         "Ring tests: how the consumer learns of arrivals: imm (WRITE with immediate) or poll (the consumer polls \
          each record's frame word, as write-lat polls the last byte) (default: {})",
