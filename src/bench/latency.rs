@@ -229,7 +229,7 @@ impl Limit {
 }
 
 fn ping_pong_client(run: &SizeRun, chan: &mut Channel) -> Result<LatencyRun> {
-    let SizeRun { link, spec, size, clock, timeout_ns } = *run;
+    let SizeRun { link, spec, size, clock, timeout_ns, .. } = *run;
     let mut p = PingPong::new(link, spec, size);
     let mut ring = link.receives.lock().expect("no poisoning");
     let mut recorder = LatencyRecorder::new();
@@ -258,7 +258,7 @@ fn ping_pong_client(run: &SizeRun, chan: &mut Channel) -> Result<LatencyRun> {
 }
 
 fn round_trip_client(run: &SizeRun, chan: &mut Channel) -> Result<LatencyRun> {
-    let SizeRun { link, spec, size, clock, timeout_ns } = *run;
+    let SizeRun { link, spec, size, clock, timeout_ns, .. } = *run;
     let l = &link.layout;
     let mut req = match spec.operation {
         Operation::Read => {
@@ -328,7 +328,7 @@ pub fn server(run: &SizeRun, chan: &mut Channel) -> Result<EchoOutcome> {
     if !is_ping_pong(run.spec) {
         return passive_server(run, chan);
     }
-    let SizeRun { link, spec, size, clock, timeout_ns } = *run;
+    let SizeRun { link, spec, size, clock, timeout_ns, .. } = *run;
     let mut p = PingPong::new(link, spec, size);
     let mut ring = link.receives.lock().expect("no poisoning");
     let peer = chan.peer().to_string();

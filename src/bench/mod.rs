@@ -3,7 +3,9 @@
 //! drive a run over the session (`runner`), pair checks against a platform profile included.
 
 pub mod bandwidth;
+pub mod cpus;
 pub mod latency;
 pub mod pattern;
+pub mod rails;
 pub mod ring;
 pub mod runner;

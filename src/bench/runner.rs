@@ -3,27 +3,48 @@
 //! client's results travel to the server in the final report so its log shows them too.
 
 use std::io::Write;
+use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::bench::{bandwidth, latency, ring};
+use super::rails::{self, Conductor};
+use crate::bench::{bandwidth, cpus, latency, ring};
 use crate::error::{Error, Result};
 use crate::link::{Prepared, Role, SizeRun};
 use crate::report;
 use crate::report::histogram::SizeHistogram;
 use crate::report::json::{self, Document};
 use crate::report::table::{self, Units};
-use crate::report::{LatencyResult, RunResult, SizeResult};
-use crate::session::{Channel, Message, handshake};
+use crate::report::{Environment, LatencyResult, RunResult, SizeResult, rail_label};
+use crate::session::{Channel, Listener, Message, RailHello, handshake};
+use crate::spec::rails::{Devices, RailMode};
 use crate::spec::{Measure, Operation, TestSpec, Transport};
-use crate::stats::Clock;
 use crate::stats::cpu::CpuMeter;
+use crate::stats::{Clock, LatencyRecorder};
 use crate::validate::profiles::{self, Sharing};
-use crate::verbs::DeviceSelection;
-use crate::verbs::Endpoint;
-use hdrhistogram::Histogram;
+use crate::verbs::{DeviceSelection, Endpoint, inventory};
+
+/// Which devices the run's rails use, and the port and GID index on each.
+#[derive(Debug, Clone, Default)]
+pub struct RailOptions {
+    pub devices: Devices,
+    pub ib_port: u8,
+    pub gid_index: Option<u32>,
+    pub mode: RailMode,
+}
+
+impl RailOptions {
+    fn selection(&self, device: &str) -> DeviceSelection {
+        DeviceSelection { device: Some(device.to_string()), port: self.ib_port, gid_index: self.gid_index }
+    }
+
+    /// This side's rails' devices, checked against what this process can open.
+    pub fn resolve(&self) -> Result<Vec<String>> {
+        self.devices.resolve(&inventory::device_names()?)
+    }
+}
 
 pub struct RunOptions {
-    pub selection: DeviceSelection,
+    pub rails: RailOptions,
     pub tcp_port: u16,
     pub connect_timeout: Duration,
     pub timeout: Duration,
@@ -54,64 +75,221 @@ fn io_err(e: std::io::Error) -> Error {
     Error::Environment(format!("cannot write the report: {e}"))
 }
 
-/// Runs the test against the server at `host`; returns the results of every size.
+/// CPUs for each rail's threads, near its NIC. A rail whose NIC's NUMA node sysfs does not
+/// give (soft-RoCE, many VMs) gets none and is not pinned: there is no locality to gain,
+/// and two processes on one host (a loopback check, the lab) would stack on the same CPUs.
+fn cpu_plan(devices: &[String], threads: u32) -> Vec<Vec<usize>> {
+    let nodes: Vec<Option<i32>> = devices.iter().map(|d| inventory::numa_node(d)).collect();
+    let plan = cpus::plan(&nodes, threads as usize, &cpus::allowed(), cpus::of_numa_node);
+    plan.into_iter().zip(&nodes).map(|(c, n)| if n.is_some() { c } else { Vec::new() }).collect()
+}
+
+/// Runs the test against the server at `host` on every rail (one session each); returns
+/// the results of every size, per rail and in total. A rail that fails does not stop the
+/// others: the run reports what every rail measured, then fails naming the rail.
 pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResult> {
     spec.check()?;
     if opts.histogram.is_some() && spec.measure != Measure::Latency {
         return Err(Error::Usage("--histogram applies to latency tests".into()));
     }
-    let prepared = Prepared::new(spec, &opts.selection)?;
-    let mut chan = Channel::connect(host, opts.tcp_port, opts.connect_timeout, opts.timeout)?;
-    handshake::open(&mut chan, spec)?;
-    let address = format!("{host}:{}", opts.tcp_port);
-    let links = prepared.connect(Role::Client, spec, &mut chan)?;
-    check_sharing(spec, &links[0].local, &links[0].remote, chan.peer())?;
-    let env = links[0].environment(&address);
-
-    let mut out = opts.table_out();
-    table::banner(&mut out, spec, &env, "client").map_err(io_err)?;
-    table::header(&mut out, spec, opts.units, opts.cpu_util).map_err(io_err)?;
+    let devices = opts.rails.resolve()?;
+    let cpus = cpu_plan(&devices, spec.threads);
+    let conductor = Conductor::new(&devices, &cpus, opts.rails.mode);
     let clock = Clock::new();
-    let progress = Progress::new(spec.sizes.len(), opts.json.as_deref() != Some("-"));
-    let mut results = Vec::with_capacity(spec.sizes.len());
-    let mut histograms = Vec::new();
+    let many = devices.len() > 1;
+    let run = std::thread::scope(|scope| -> Result<RunResult> {
+        for i in 0..devices.len() {
+            let (conductor, devices, clock) = (&conductor, &devices, &clock);
+            scope.spawn(move || {
+                if let Err(e) = client_rail(i, host, spec, opts, devices, conductor, clock) {
+                    conductor.fail(i, e);
+                }
+            });
+        }
+        let run = print_as_measured(spec, opts, &conductor, many).inspect_err(|e| conductor.halt(e.clone()))?;
+        if let Some(path) = &opts.histogram {
+            report::histogram::write(path, &spec.name(), &merged_histograms(&conductor))?;
+        }
+        Ok(run)
+    })?;
+    if let Some(target) = &opts.json
+        && (!run.results.is_empty() || !run.rails.is_empty())
+    {
+        json::write(&Document::new("client", run.clone()), target)?;
+    }
+    match conductor.lock().first_error() {
+        Some(e) => Err(e),
+        None => Ok(run),
+    }
+}
+
+/// One rail of the client: prepare, connect, every size in its turn, then the report.
+fn client_rail(
+    i: usize,
+    host: &str,
+    spec: &TestSpec,
+    opts: &RunOptions,
+    devices: &[String],
+    conductor: &Conductor,
+    clock: &Clock,
+) -> Result<()> {
+    let cpus = conductor.lock().rails[i].cpus.clone();
+    if let Some(&cpu) = cpus.first() {
+        cpus::pin(cpu);
+    }
+    // Local resources first, so bad flags fail at once, without a server.
+    let prepared = Prepared::new(spec, &opts.rails.selection(&devices[i]));
+    let prepared = match prepared {
+        Err(e) if devices.len() == 1 || matches!(e, Error::Usage(_)) => return Err(e),
+        other => other,
+    };
+    conductor.complete(i, |_| {});
+    conductor.wait_turn(i, rails::CONNECT, None)?;
+    let mut chan = Channel::connect(host, opts.tcp_port, opts.connect_timeout, opts.timeout)?;
+    let rail = RailHello { index: i as u32, devices: devices.to_vec() };
+    let theirs = handshake::open(&mut chan, spec, Some(rail))?;
+    conductor.lock().rails[i].peer_device = theirs.get(i).cloned().unwrap_or_default();
+    // A rail whose device failed still opens its session, so the server's rail ends
+    // at once with the reason instead of waiting for it.
+    let prepared = prepared.inspect_err(|e| chan.abort(e))?;
+    let links = prepared.connect(Role::Client, spec, &mut chan)?;
+    check_sharing(spec, &links[0].local, &links[0].remote, chan.peer()).inspect_err(|e| chan.abort(e))?;
+    let env = links[0].environment(&format!("{host}:{}", opts.tcp_port));
+    conductor.complete(i, |r| r.environment = Some(env));
+    let keep_samples = opts.histogram.is_some() || devices.len() > 1;
     for (k, &size) in spec.sizes.iter().enumerate() {
-        progress.show(k, size);
+        conductor.wait_turn(i, rails::size_step(k), Some(&mut chan))?;
         let runs: Vec<SizeRun> = links
             .iter()
-            .map(|link| SizeRun { link, spec, size, clock: &clock, timeout_ns: opts.timeout_ns() })
+            .map(|link| SizeRun { link, spec, size, clock, timeout_ns: opts.timeout_ns(), cpus: &cpus })
             .collect();
-        let (r, hist) = measure_size(&runs, &mut chan, opts).inspect_err(|e| {
-            progress.clear();
+        let (r, samples) = measure_size(&runs, &mut chan, opts, keep_samples).inspect_err(|e| {
             if !matches!(e, Error::Peer(_)) {
                 chan.abort(e);
             }
         })?;
-        progress.clear();
-        table::row(&mut out, &r, opts.units).map_err(io_err)?;
-        out.flush().map_err(io_err)?;
-        if let Some(h) = hist {
-            histograms.push(SizeHistogram { size, histogram: h, duration_ns: r.duration_ns });
-        }
-        results.push(r);
+        conductor.complete(i, |rail| {
+            rail.results.push(r);
+            rail.samples.push(samples);
+        });
     }
-    table::footer(&mut out).map_err(io_err)?;
-    if let Some(path) = &opts.histogram {
-        report::histogram::write(path, &spec.name(), &histograms)?;
-    }
-
-    let run = RunResult { test: spec.name(), spec: spec.clone(), environment: env, results };
-    chan.send(&Message::Report(Box::new(run.clone())))?;
+    // Every rail's results travel to the server on every rail, once all are in.
+    let run = conductor.wait_report(i, &mut chan)?;
+    chan.send(&Message::Report(Box::new(run)))?;
     match chan.recv("the server's goodbye")? {
-        Message::Bye => {}
-        other => {
-            return Err(chan.unexpected(&other, "bye"));
+        Message::Bye => Ok(()),
+        other => Err(chan.unexpected(&other, "bye")),
+    }
+}
+
+/// The client's table, printed size by size as every rail finishes it; returns the run.
+fn print_as_measured(spec: &TestSpec, opts: &RunOptions, conductor: &Conductor, many: bool) -> Result<RunResult> {
+    let mut out = opts.table_out();
+    let progress = Progress::new(if many { 0 } else { spec.sizes.len() }, opts.json.as_deref() != Some("-"));
+    {
+        let s = conductor.wait_all(rails::CONNECT);
+        if let Some(e) = &s.stop {
+            return Err(e.clone());
+        }
+        if let Some(env) = s.rails.iter().find_map(|r| r.environment.as_ref()) {
+            table::banner(&mut out, spec, env, "client").map_err(io_err)?;
+            if many {
+                for (i, r) in s.rails.iter().enumerate() {
+                    match (&r.environment, &r.error) {
+                        (Some(env), _) => table::rail_legend(&mut out, i as u32, env),
+                        (None, e) => writeln!(
+                            out,
+                            " {}: failed: {}",
+                            rail_label(i as u32, &r.device, &r.peer_device),
+                            e.as_ref().map_or(String::new(), Error::message)
+                        ),
+                    }
+                    .map_err(io_err)?;
+                }
+            }
+            table::header(&mut out, spec, opts.units, opts.cpu_util, many).map_err(io_err)?;
         }
     }
-    if let Some(target) = &opts.json {
-        json::write(&Document::new("client", run.clone()), target)?;
+    for (k, &size) in spec.sizes.iter().enumerate() {
+        progress.show(k, size);
+        let s = conductor.wait_all(rails::size_step(k));
+        progress.clear();
+        if many {
+            for (i, r) in s.rails.iter().enumerate() {
+                if let Some(row) = r.results.get(k) {
+                    table::rail_row(&mut out, &i.to_string(), row, opts.units).map_err(io_err)?;
+                }
+            }
+            if let Some(total) = total_of(&s, k) {
+                table::rail_row(&mut out, "all", &total, opts.units).map_err(io_err)?;
+            }
+        } else if let Some(row) = s.rails[0].results.get(k) {
+            table::row(&mut out, row, opts.units).map_err(io_err)?;
+        }
+        out.flush().map_err(io_err)?;
     }
+    let s = conductor.wait_all(rails::size_step(spec.sizes.len().saturating_sub(1)));
+    if s.rails.iter().any(|r| r.environment.is_some()) {
+        table::footer(&mut out).map_err(io_err)?;
+        if many && opts.rails.mode == RailMode::Sequential {
+            writeln!(out, " rails ran one after another: \"all\" adds up figures not measured at once")
+                .map_err(io_err)?;
+        }
+    }
+    let run = assemble(spec, opts.rails.mode, &s, many);
+    drop(s);
+    conductor.publish(run.clone());
     Ok(run)
+}
+
+/// The aggregate of size index `k` over the rails that measured it.
+fn total_of(s: &rails::State, k: usize) -> Option<SizeResult> {
+    let measured: Vec<&rails::RailState> = s.rails.iter().filter(|r| r.results.len() > k).collect();
+    let results: Vec<&SizeResult> = measured.iter().map(|r| &r.results[k]).collect();
+    let samples: Vec<Option<&LatencyRecorder>> = measured.iter().map(|r| r.samples[k].as_ref()).collect();
+    rails::aggregate(&results, &samples)
+}
+
+/// The run's result: with one rail, that rail's; with several, the aggregate plus each
+/// rail's own.
+fn assemble(spec: &TestSpec, mode: RailMode, s: &rails::State, many: bool) -> RunResult {
+    let environment = s.rails.iter().find_map(|r| r.environment.clone()).unwrap_or_else(|| Environment {
+        tool_version: env!("CARGO_PKG_VERSION").into(),
+        host: crate::session::hostname(),
+        device: s.rails[0].device.clone(),
+        ..Default::default()
+    });
+    let results =
+        if many { (0..spec.sizes.len()).map_while(|k| total_of(s, k)).collect() } else { s.rails[0].results.clone() };
+    RunResult {
+        test: spec.name(),
+        spec: spec.clone(),
+        environment,
+        results,
+        rails: if many { s.rail_results() } else { Vec::new() },
+        rail_mode: many.then_some(mode),
+    }
+}
+
+/// `--histogram` with several rails: every rail's samples of a size in one histogram.
+fn merged_histograms(conductor: &Conductor) -> Vec<SizeHistogram> {
+    let s = conductor.lock();
+    let sizes = s.rails.iter().map(|r| r.results.len()).max().unwrap_or(0);
+    (0..sizes)
+        .filter_map(|k| {
+            let mut merged = LatencyRecorder::new();
+            let mut duration_ns = 0;
+            let mut size = 0;
+            for r in s.rails.iter().filter(|r| r.results.len() > k) {
+                if let Some(rec) = &r.samples[k] {
+                    merged.merge(rec);
+                }
+                duration_ns = duration_ns.max(r.results[k].duration_ns);
+                size = r.results[k].size;
+            }
+            (merged.count() > 0).then(|| SizeHistogram { size, histogram: merged.histogram().clone(), duration_ns })
+        })
+        .collect()
 }
 
 /// A one-line progress indicator on stderr for sweeps, only when stdout is a terminal.
@@ -145,7 +323,8 @@ fn measure_size(
     runs: &[SizeRun],
     chan: &mut Channel,
     opts: &RunOptions,
-) -> Result<(SizeResult, Option<Histogram<u64>>)> {
+    keep_samples: bool,
+) -> Result<(SizeResult, Option<LatencyRecorder>)> {
     let run = &runs[0];
     let SizeRun { spec, size, .. } = *run;
     for r in runs {
@@ -159,7 +338,7 @@ fn measure_size(
         }
     }
     let cpu = CpuMeter::start();
-    let mut histogram = None;
+    let mut samples = None;
     let mut per_qp = Vec::new();
     let mut per_thread = Vec::new();
     let kernel = Kernel::of(spec);
@@ -170,11 +349,11 @@ fn measure_size(
             } else {
                 latency::client(run, chan)?
             };
-            if opts.histogram.is_some() {
-                histogram = Some(lat.recorder.histogram().clone());
-            }
             let (kind, scale) = if latency::is_ping_pong(spec) { ("one_way", 0.5) } else { ("round_trip", 1.0) };
             let summary = lat.recorder.summary(scale);
+            if keep_samples {
+                samples = Some(lat.recorder);
+            }
             let result = LatencyResult { kind: kind.into(), unit: "ns".into(), summary };
             (lat.iterations, lat.elapsed_ns, Some(result), None)
         }
@@ -235,28 +414,31 @@ fn measure_size(
         cpu_util_pct,
         delivered,
     };
-    Ok((result, histogram))
+    Ok((result, samples))
 }
 
-/// Serves one test: learns the spec from the client, follows it, prints the results.
+/// Serves one test: learns the spec from the client, follows it on every rail the client
+/// opens (one session each), prints the results.
 pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult> {
-    let mut chan = Channel::accept(opts.tcp_port, opts.connect_timeout, opts.timeout)?;
+    let listener = Listener::bind(opts.tcp_port)?;
+    let mut chan = listener.accept(opts.connect_timeout, opts.timeout)?;
     let hello = chan.recv("the client's hello")?;
-    serve(chan, hello, opts, local_test_flags)
+    serve(&listener, chan, hello, opts, local_test_flags)
 }
 
 /// Serves every session a workload's client opens (`rdmabench run --serve`), until the
 /// client says it has finished. A failed session is reported and the next awaited: the
 /// client owns the verdict.
 pub fn serve_workload(opts: &RunOptions) -> Result<()> {
+    let listener = Listener::bind(opts.tcp_port)?;
     loop {
-        let mut chan = Channel::accept(opts.tcp_port, opts.connect_timeout, opts.timeout)?;
+        let mut chan = listener.accept(opts.connect_timeout, opts.timeout)?;
         match chan.recv("the client's hello")? {
             Message::Finish => {
                 chan.send(&Message::Bye)?;
                 return Ok(());
             }
-            hello => match serve(chan, hello, opts, &[]) {
+            hello => match serve(&listener, chan, hello, opts, &[]) {
                 Ok(_) => {}
                 Err(e @ Error::Interrupted(_)) => return Err(e),
                 Err(e) => eprintln!("rdmabench: this session failed: {e}; waiting for the next"),
@@ -275,28 +457,180 @@ pub fn finish_workload(host: &str, opts: &RunOptions) -> Result<()> {
     }
 }
 
-fn serve(mut chan: Channel, hello: Message, opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult> {
-    let spec = handshake::answer(&mut chan, &hello, |s| s.check().map(|_| s.clone()))?;
+/// The rails a client's first hello announces: every device it has, in order.
+fn announced_rails(hello: &Message) -> Vec<String> {
+    match hello {
+        Message::Hello { rail: Some(r), .. } => r.devices.clone(),
+        _ => Vec::new(),
+    }
+}
+
+/// Serves one test on every rail: the first session's hello says how many rails the
+/// client has; the others are accepted on the same port, each checked (a known, unused
+/// rail index and the same rails), and served side by side.
+fn serve(
+    listener: &Listener,
+    mut first: Channel,
+    hello: Message,
+    opts: &RunOptions,
+    local_test_flags: &[&str],
+) -> Result<RunResult> {
+    let ours = match opts.rails.resolve() {
+        Ok(d) => d,
+        Err(e) => {
+            let _ = handshake::answer(&mut first, &hello, &[], |_, _| Err::<(), _>(e.clone()));
+            return Err(e);
+        }
+    };
+    let theirs = announced_rails(&hello);
+    let n = theirs.len().max(1);
     let mut out = opts.table_out();
     if !local_test_flags.is_empty() {
         writeln!(
             out,
-            " note: {} given on the server are ignored: the server runs the client's spec ({})",
-            local_test_flags.join(" "),
-            spec.name()
+            " note: {} given on the server are ignored: the server runs the client's spec",
+            local_test_flags.join(" ")
         )
         .map_err(io_err)?;
     }
-    let links = Prepared::new(&spec, &opts.selection).inspect_err(|e| chan.abort(e))?.connect(
+    if n > 1 && ours.len() > n {
+        writeln!(out, " note: the client has {n} rails: this server's {} stay idle", ours[n..].join(", "))
+            .map_err(io_err)?;
+    }
+    let cpus = cpu_plan(&ours, 1);
+    let clock = Clock::new();
+    let seen = Mutex::new(vec![false; n]);
+    let outcomes: Vec<Result<(RunResult, Environment)>> = std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        let mut pending = Some((first, hello));
+        for _ in 0..n {
+            let (chan, hello) = match pending.take() {
+                Some(p) => p,
+                None => {
+                    let next = listener.accept(opts.connect_timeout, opts.timeout).and_then(|mut c| {
+                        let h = c.recv("the client's hello for its next rail")?;
+                        Ok((c, h))
+                    });
+                    match next {
+                        Ok(p) => p,
+                        Err(e) => {
+                            handles.push(scope.spawn(move || Err(e)));
+                            break;
+                        }
+                    }
+                }
+            };
+            let (ours, theirs, seen, clock, cpus) = (&ours, &theirs, &seen, &clock, &cpus);
+            handles.push(scope.spawn(move || serve_rail(chan, hello, opts, ours, theirs, seen, clock, cpus)));
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Error::Peer("a rail's thread failed".into()))))
+            .collect()
+    });
+    let many = n > 1;
+    let mut reports = Vec::new();
+    let mut first_error = None;
+    for (i, o) in outcomes.into_iter().enumerate() {
+        match o {
+            Ok(r) => reports.push(r),
+            Err(e) => {
+                let e = if many { e.context(&format!("rail {i}")) } else { e };
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    // Every rail's report carries the whole run; this side's environments replace the client's.
+    let Some((mut run, env)) = reports.first().cloned() else {
+        return Err(first_error.unwrap_or_else(|| Error::Peer("the client opened no rail".into())));
+    };
+    run.environment = env;
+    for rail in run.rails.iter_mut() {
+        let mine = reports.iter().find(|(_, e)| e.peer.device == rail.device).map(|(_, e)| e.clone());
+        std::mem::swap(&mut rail.device, &mut rail.peer_device);
+        rail.environment = mine;
+        rail.numa_node = rail.environment.as_ref().and_then(|e| e.nic.numa_node);
+        rail.cpus = ours.iter().position(|d| *d == rail.device).map(|p| cpus[p].clone()).unwrap_or_default();
+    }
+    print_run(&mut out, &run, opts.units, "server").map_err(io_err)?;
+    if let Some(target) = &opts.json {
+        json::write(&Document::new("server", run.clone()), target)?;
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(run),
+    }
+}
+
+/// The whole table of a finished run, as the server prints it.
+fn print_run(out: &mut dyn Write, run: &RunResult, units: Units, role: &str) -> std::io::Result<()> {
+    let spec = &run.spec;
+    table::banner(out, spec, &run.environment, role)?;
+    let many = !run.rails.is_empty();
+    for r in &run.rails {
+        match &r.environment {
+            Some(env) => table::rail_legend(out, r.rail, env)?,
+            None => writeln!(out, " {}: failed: {}", r.label(), r.error.as_deref().unwrap_or(""))?,
+        }
+    }
+    table::header(out, spec, units, run.results.iter().any(|r| r.cpu_util_pct.is_some()), many)?;
+    for (k, total) in run.results.iter().enumerate() {
+        if !many {
+            table::row(out, total, units)?;
+            continue;
+        }
+        for r in &run.rails {
+            if let Some(row) = r.results.get(k) {
+                table::rail_row(out, &r.rail.to_string(), row, units)?;
+            }
+        }
+        table::rail_row(out, "all", total, units)?;
+    }
+    table::footer(out)
+}
+
+/// One rail of the server: checks the client's hello for it, connects this side's device
+/// of the same index and follows the client size by size; returns the client's report
+/// and this side's environment.
+#[allow(clippy::too_many_arguments)]
+fn serve_rail(
+    mut chan: Channel,
+    hello: Message,
+    opts: &RunOptions,
+    ours: &[String],
+    theirs: &[String],
+    seen: &Mutex<Vec<bool>>,
+    clock: &Clock,
+    cpus: &[Vec<usize>],
+) -> Result<(RunResult, Environment)> {
+    let (spec, index) = handshake::answer(&mut chan, &hello, ours, |s, rail| {
+        s.check()?;
+        let (index, devices) = match rail {
+            Some(r) => (r.index as usize, r.devices.clone()),
+            None => (0, ours.iter().take(1).cloned().collect()),
+        };
+        if devices != theirs && !theirs.is_empty() {
+            return Err(Error::Peer(format!("rail {index} announced rails {devices:?}, the first {theirs:?}")));
+        }
+        crate::spec::rails::pair(ours, &devices)?;
+        let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+        match seen.get_mut(index) {
+            Some(s) if !*s => *s = true,
+            _ => return Err(Error::Peer(format!("rail {index} is not a rail of this run, or was opened twice"))),
+        }
+        Ok((s.clone(), index))
+    })?;
+    if let Some(&cpu) = cpus[index].first() {
+        cpus::pin(cpu);
+    }
+    let links = Prepared::new(&spec, &opts.rails.selection(&ours[index])).inspect_err(|e| chan.abort(e))?.connect(
         Role::Server,
         &spec,
         &mut chan,
     )?;
-    check_sharing(&spec, &links[0].local, &links[0].remote, chan.peer())?;
-    let address = chan.peer().to_string();
-    let env = links[0].environment(&address);
-    table::banner(&mut out, &spec, &env, "server").map_err(io_err)?;
-    let clock = Clock::new();
+    check_sharing(&spec, &links[0].local, &links[0].remote, chan.peer()).inspect_err(|e| chan.abort(e))?;
+    let env = links[0].environment(chan.peer());
+    let my_cpus = &cpus[index];
     loop {
         match chan.recv("the next size or the final report")? {
             Message::Start { size } => {
@@ -311,7 +645,14 @@ fn serve(mut chan: Channel, hello: Message, opts: &RunOptions, local_test_flags:
                 chan.send(&Message::Ready { size })?;
                 let runs: Vec<SizeRun> = links
                     .iter()
-                    .map(|link| SizeRun { link, spec: &spec, size, clock: &clock, timeout_ns: opts.timeout_ns() })
+                    .map(|link| SizeRun {
+                        link,
+                        spec: &spec,
+                        size,
+                        clock,
+                        timeout_ns: opts.timeout_ns(),
+                        cpus: my_cpus,
+                    })
                     .collect();
                 let (iterations, data_error, reverse) = match Kernel::of(&spec) {
                     Kernel::Latency => {
@@ -331,18 +672,8 @@ fn serve(mut chan: Channel, hello: Message, opts: &RunOptions, local_test_flags:
                 }
             }
             Message::Report(run) => {
-                table::header(&mut out, &spec, opts.units, run.results.iter().any(|r| r.cpu_util_pct.is_some()))
-                    .map_err(io_err)?;
-                for r in &run.results {
-                    table::row(&mut out, r, opts.units).map_err(io_err)?;
-                }
-                table::footer(&mut out).map_err(io_err)?;
                 chan.send(&Message::Bye)?;
-                let mine = RunResult { environment: env, ..*run };
-                if let Some(target) = &opts.json {
-                    json::write(&Document::new("server", mine.clone()), target)?;
-                }
-                return Ok(mine);
+                return Ok((*run, env));
             }
             other => {
                 return Err(Error::Peer(format!("{} sent {} out of order", chan.peer(), other.kind())));

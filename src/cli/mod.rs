@@ -8,7 +8,7 @@ pub mod docs;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::bench::runner::RunOptions;
+use crate::bench::runner::{RailOptions, RunOptions};
 use crate::error::{Error, Result};
 use crate::k8s::RenderRequest;
 use crate::k8s::fleet::Topology;
@@ -17,12 +17,12 @@ use crate::k8s::platform::Platform;
 use crate::regress::command::Request as CompareRequest;
 use crate::report::plot::Request as PlotRequest;
 use crate::report::table::Units;
+use crate::spec::rails::{Devices, RailMode};
 use crate::spec::{AtomicOp, Field, Measure, Notify, Operation, Options, TestSpec, Transport};
 use crate::units::{parse_bytes, parse_bytes_u32};
 use crate::validate::profiles::ProfileName;
 use crate::validate::sysfs::{TOPOLOGY_DIR, Tree};
 use crate::validate::{NcclFormat, Request};
-use crate::verbs::DeviceSelection;
 
 #[derive(Parser, Debug)]
 #[command(name = "rdmabench", version, about = "RDMA verbs benchmark and validation harness")]
@@ -146,9 +146,14 @@ fn transport(s: &str) -> std::result::Result<Transport, String> {
 /// two-sided command shares (the tests and `run`).
 #[derive(Args, Debug, Clone)]
 pub struct ConnectionArgs {
-    /// RDMA device (default: the first one).
-    #[arg(short = 'd', long = "ib-dev")]
-    pub device: Option<String>,
+    /// RDMA device(s): a name, a comma-separated list (one rail each: rail i pairs with the
+    /// peer's rail i) or `all` (every device this process can open). Default: the first one.
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV[,DEV...]|all")]
+    pub device: Option<Devices>,
+    /// With several devices: `concurrent` (every rail at once, as NCCL loads them) or
+    /// `sequential` (one rail at a time, to isolate each).
+    #[arg(long = "rails", default_value = "concurrent", value_name = "MODE")]
+    pub rails: RailMode,
     /// Device port.
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     pub ib_port: u8,
@@ -171,7 +176,12 @@ impl ConnectionArgs {
     /// The run options these flags set; the rest take their plain defaults.
     pub fn run_options(&self, report_gbits: bool) -> Result<RunOptions> {
         Ok(RunOptions {
-            selection: DeviceSelection { device: self.device.clone(), port: self.ib_port, gid_index: self.gid_index },
+            rails: RailOptions {
+                devices: self.device.clone().unwrap_or_default(),
+                ib_port: self.ib_port,
+                gid_index: self.gid_index,
+                mode: self.rails,
+            },
             tcp_port: self.port,
             connect_timeout: seconds("--connect-timeout", self.connect_timeout)?,
             timeout: seconds("--timeout", self.timeout)?,
@@ -779,8 +789,8 @@ mod tests {
         ]);
         assert_eq!(a.host.as_deref(), Some("10.0.0.1"));
         assert_eq!(
-            (a.conn.device.as_deref(), a.conn.ib_port, a.conn.gid_index, a.conn.port),
-            (Some("rxe0"), 1, Some(1), 19000)
+            (a.conn.device.clone(), a.conn.ib_port, a.conn.gid_index, a.conn.port),
+            (Some(Devices::Named(vec!["rxe0".into()])), 1, Some(1), 19000)
         );
         let s = a.spec(Operation::Write, Measure::Bandwidth);
         assert_eq!(

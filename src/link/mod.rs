@@ -339,6 +339,8 @@ pub struct SizeRun<'a> {
     pub clock: &'a Clock,
     /// Longest wait for the peer, in nanoseconds.
     pub timeout_ns: u64,
+    /// CPUs for this rail's worker threads (`--threads`), near its NIC; empty: any allowed.
+    pub cpus: &'a [usize],
 }
 
 /// The identity of the opened device's NIC, from verbs and sysfs.
@@ -347,7 +349,13 @@ fn nic_identity(rdma: &Rdma) -> NicIdentity {
         .ok()
         .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
         .filter(|n| n.contains(':'));
-    NicIdentity { node_guid: rdma.info.node_guid.clone(), sys_image_guid: rdma.info.sys_image_guid.clone(), pci }
+    let numa_node = crate::verbs::inventory::numa_node(rdma.name());
+    NicIdentity {
+        node_guid: rdma.info.node_guid.clone(),
+        sys_image_guid: rdma.info.sys_image_guid.clone(),
+        pci,
+        numa_node,
+    }
 }
 
 /// An rdma_cm step's look at the peer, every tick: a message that came early (the peer

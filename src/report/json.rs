@@ -76,7 +76,12 @@ mod tests {
             inline_size: 220,
             max_inline: 416,
             link_rate_gbps: Some(100.0),
-            nic: NicIdentity { node_guid: "1".into(), sys_image_guid: "2".into(), pci: Some("0000:3b:00.0".into()) },
+            nic: NicIdentity {
+                node_guid: "1".into(),
+                sys_image_guid: "2".into(),
+                pci: Some("0000:3b:00.0".into()),
+                numa_node: None,
+            },
             peer: PeerEnvironment {
                 host: "b".into(),
                 address: "10.0.0.2:18515".into(),
@@ -123,6 +128,8 @@ mod tests {
             spec: spec(Measure::Latency, sizes.clone()),
             environment: env(),
             results,
+            rails: Vec::new(),
+            rail_mode: None,
         };
         let v = serde_json::to_value(Document::new("client", run)).unwrap();
         assert_eq!(errors(&v), Vec::<String>::new());
@@ -146,6 +153,8 @@ mod tests {
             spec: spec(Measure::Bandwidth, vec![65536]),
             environment: env(),
             results,
+            rails: Vec::new(),
+            rail_mode: None,
         };
         let mut v = serde_json::to_value(Document::new("server", run)).unwrap();
         assert_eq!(errors(&v), Vec::<String>::new());
@@ -164,6 +173,8 @@ mod tests {
             spec: spec(Measure::Bandwidth, vec![8]),
             environment: env(),
             results: vec![],
+            rails: Vec::new(),
+            rail_mode: None,
         };
         let doc = Document::new("client", run);
         write(&doc, path.to_str().unwrap()).unwrap();

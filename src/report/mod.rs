@@ -17,10 +17,11 @@ use serde::{Deserialize, Serialize};
 use crate::verbs::NicIdentity;
 
 use crate::spec::TestSpec;
+use crate::spec::rails::RailMode;
 use crate::stats::{LatencySummary, ThroughputSummary};
 
 /// The environment of a run, as seen from the side that writes the document.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Environment {
     pub tool_version: String,
     pub host: String,
@@ -45,7 +46,7 @@ pub struct Environment {
     pub peer: PeerEnvironment,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PeerEnvironment {
     pub host: String,
     pub address: String,
@@ -101,6 +102,55 @@ pub struct SizeResult {
 pub struct RunResult {
     pub test: String,
     pub spec: TestSpec,
+    /// Rail 0's view (the only rail's in a one-device run).
     pub environment: Environment,
+    /// Every size; with several rails, the aggregate over them (see `rails`).
     pub results: Vec<SizeResult>,
+    /// With several rails (`-d a,b` or `-d all`): each rail's own results.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rails: Vec<RailResult>,
+    /// With several rails: "concurrent" (all at once) or "sequential" (one after another).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rail_mode: Option<RailMode>,
+}
+
+impl RunResult {
+    /// The rail that failed first, with its error, if one did.
+    pub fn failed_rail(&self) -> Option<&RailResult> {
+        self.rails.iter().find(|r| r.error.is_some())
+    }
+}
+
+/// One rail of a multi-NIC run: a device of this side paired with the peer's device of
+/// the same index.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RailResult {
+    pub rail: u32,
+    pub device: String,
+    pub peer_device: String,
+    /// The NUMA node of this side's device, when sysfs says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<i32>,
+    /// The CPUs this rail's threads were pinned to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpus: Vec<usize>,
+    /// Absent when the rail failed before it was connected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<Environment>,
+    /// The sizes this rail measured (all of them, unless it failed).
+    pub results: Vec<SizeResult>,
+    /// Why this rail stopped, when it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl RailResult {
+    /// "rail 1 (mlx5_1 -> mlx5_1)": how messages and tables name a rail.
+    pub fn label(&self) -> String {
+        rail_label(self.rail, &self.device, &self.peer_device)
+    }
+}
+
+pub fn rail_label(rail: u32, device: &str, peer_device: &str) -> String {
+    format!("rail {rail} ({device} -> {})", if peer_device.is_empty() { "?" } else { peer_device })
 }

@@ -71,7 +71,50 @@ pub fn banner(out: &mut dyn Write, spec: &TestSpec, env: &Environment, role: &st
     writeln!(out, "{RULE}")
 }
 
-pub fn header(out: &mut dyn Write, spec: &TestSpec, units: Units, cpu: bool) -> std::io::Result<()> {
+/// Width of the rail column in a multi-rail table.
+const RAIL_COLUMN: usize = 6;
+
+/// The column header; with `rails`, a first column names each row's rail ("all": the
+/// aggregate over them).
+pub fn header(out: &mut dyn Write, spec: &TestSpec, units: Units, cpu: bool, rails: bool) -> std::io::Result<()> {
+    let mut text = Vec::new();
+    columns(&mut text, spec, units, cpu)?;
+    let text = String::from_utf8_lossy(&text);
+    let mut lines = text.lines().collect::<Vec<_>>();
+    let names = lines.pop().unwrap_or_default();
+    for l in lines {
+        writeln!(out, "{l}")?;
+    }
+    if rails { writeln!(out, " {:<RAIL_COLUMN$}{names}", "rail") } else { writeln!(out, "{names}") }
+}
+
+/// One size's row of one rail (`label`: its index, or "all" for the aggregate).
+pub fn rail_row(out: &mut dyn Write, label: &str, r: &SizeResult, units: Units) -> std::io::Result<()> {
+    let mut text = Vec::new();
+    row(&mut text, r, units)?;
+    write!(out, " {label:<RAIL_COLUMN$}")?;
+    out.write_all(&text)
+}
+
+/// One line per rail before a multi-rail table: the device pair, GIDs and NUMA node.
+pub fn rail_legend(out: &mut dyn Write, rail: u32, env: &Environment) -> std::io::Result<()> {
+    let numa = env.nic.numa_node.map_or("NUMA node unknown".to_string(), |n| format!("NUMA node {n}"));
+    writeln!(
+        out,
+        " rail {rail}: {} port {} GID {} {} ({numa}) -> {} port {} GID {} {} on {}",
+        env.device,
+        env.port,
+        env.gid_index,
+        env.gid,
+        env.peer.device,
+        env.peer.port,
+        env.peer.gid_index,
+        env.peer.gid,
+        env.peer.host
+    )
+}
+
+fn columns(out: &mut dyn Write, spec: &TestSpec, units: Units, cpu: bool) -> std::io::Result<()> {
     let cpu = if cpu { format!(" {:>8}", "CPU[%]") } else { String::new() };
     match spec.measure {
         Measure::Latency => {
@@ -243,5 +286,21 @@ mod tests {
         row(&mut out, &r, Units::MegaBytes).unwrap();
         let s = String::from_utf8(out).unwrap();
         assert!(s.contains("1.50") && s.contains("123.45"), "{s}");
+        let mut out = Vec::new();
+        rail_row(&mut out, "all", &r, Units::MegaBytes).unwrap();
+        let railed = String::from_utf8(out).unwrap();
+        assert_eq!(railed, format!(" all   {s}"));
+    }
+
+    #[test]
+    fn a_multi_rail_header_has_a_rail_column() {
+        let spec = TestSpec::new(Operation::Write, Measure::Bandwidth);
+        let mut plain = Vec::new();
+        header(&mut plain, &spec, Units::MegaBytes, false, false).unwrap();
+        let mut railed = Vec::new();
+        header(&mut railed, &spec, Units::MegaBytes, false, true).unwrap();
+        let (plain, railed) = (String::from_utf8(plain).unwrap(), String::from_utf8(railed).unwrap());
+        assert!(plain.starts_with(" #bytes"), "{plain}");
+        assert!(railed.starts_with(" rail   #bytes"), "{railed}");
     }
 }

@@ -43,7 +43,7 @@ impl Producer {
         let spec = config.to_spec(Measure::Bandwidth);
         let prepared = Prepared::new(&spec, device)?;
         let mut chan = Channel::connect(host, port, timeout, timeout)?;
-        handshake::open(&mut chan, &spec)?;
+        handshake::open(&mut chan, &spec, None)?;
         let link = prepared.connect(Role::Client, &spec, &mut chan)?.remove(0);
         match chan.recv("the consumer to post its receives")? {
             Message::Ready { .. } => {}
@@ -99,7 +99,7 @@ impl Consumer {
     pub fn accept(port: u16, device: &DeviceSelection, timeout: Duration) -> Result<Consumer> {
         let mut chan = Channel::accept(port, timeout, timeout)?;
         let hello = chan.recv("the producer's hello")?;
-        let (spec, config) = handshake::answer(&mut chan, &hello, |s| {
+        let (spec, config) = handshake::answer(&mut chan, &hello, &[], |s, _| {
             s.check()?;
             match (s.operation, RingConfig::from_spec(s)) {
                 (Operation::Ring, Some(c)) => Ok((s.clone(), c)),

@@ -27,6 +27,46 @@ pub struct Channel {
     last_sent: Instant,
 }
 
+/// A listening control port: one session per client connection (a test with several
+/// rails opens one per rail on the same port).
+pub struct Listener {
+    listener: TcpListener,
+    port: u16,
+}
+
+impl Listener {
+    pub fn bind(port: u16) -> Result<Listener> {
+        let listener = TcpListener::bind(("0.0.0.0", port))
+            .map_err(|e| Error::Environment(format!("cannot listen on TCP port {port}: {e}; pick another with -p")))?;
+        listener.set_nonblocking(true).map_err(|e| Error::Environment(format!("listener: {e}")))?;
+        Ok(Listener { listener, port })
+    }
+
+    /// Waits up to `wait` for the next client.
+    pub fn accept(&self, wait: Duration, timeout: Duration) -> Result<Channel> {
+        let port = self.port;
+        let deadline = Instant::now() + wait;
+        loop {
+            signals::check()?;
+            match self.listener.accept() {
+                Ok((stream, addr)) => {
+                    stream.set_nonblocking(false).map_err(|e| Error::Environment(format!("socket: {e}")))?;
+                    return Channel::new(stream, addr.to_string(), timeout);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) => return Err(Error::Environment(format!("accept on port {port}: {e}"))),
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Peer(format!(
+                    "no client connected to port {port} within {} s (--connect-timeout)",
+                    wait.as_secs_f64()
+                )));
+            }
+            std::thread::sleep(TICK);
+        }
+    }
+}
+
 /// What a non-blocking look at the channel found.
 #[derive(Debug)]
 pub enum PeerPoll {
@@ -68,28 +108,7 @@ impl Channel {
 
     /// Listens on `port` and waits up to `wait` for one client.
     pub fn accept(port: u16, wait: Duration, timeout: Duration) -> Result<Channel> {
-        let listener = TcpListener::bind(("0.0.0.0", port))
-            .map_err(|e| Error::Environment(format!("cannot listen on TCP port {port}: {e}; pick another with -p")))?;
-        listener.set_nonblocking(true).map_err(|e| Error::Environment(format!("listener: {e}")))?;
-        let deadline = Instant::now() + wait;
-        loop {
-            signals::check()?;
-            match listener.accept() {
-                Ok((stream, addr)) => {
-                    stream.set_nonblocking(false).map_err(|e| Error::Environment(format!("socket: {e}")))?;
-                    return Channel::new(stream, addr.to_string(), timeout);
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                Err(e) => return Err(Error::Environment(format!("accept on port {port}: {e}"))),
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::Peer(format!(
-                    "no client connected to port {port} within {} s (--connect-timeout)",
-                    wait.as_secs_f64()
-                )));
-            }
-            std::thread::sleep(TICK);
-        }
+        Listener::bind(port)?.accept(wait, timeout)
     }
 
     fn new(stream: TcpStream, peer: String, timeout: Duration) -> Result<Channel> {

@@ -7,8 +7,8 @@ pub mod frame;
 pub mod handshake;
 pub mod proto;
 
-pub use channel::{Channel, PeerPoll};
-pub use proto::{Message, PROTOCOL_VERSION};
+pub use channel::{Channel, Listener, PeerPoll};
+pub use proto::{Message, PROTOCOL_VERSION, RailHello};
 
 /// This host's name, as the peer and the reports show it.
 pub fn hostname() -> String {

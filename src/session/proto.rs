@@ -15,8 +15,18 @@ use crate::stats::ThroughputSummary;
 use crate::verbs::endpoint::Endpoint;
 
 /// Bumped on any incompatible change of these messages.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// v2: the hello carries the client's rail (index and every rail's device), the welcome
+/// the server's devices.
+pub const PROTOCOL_VERSION: u32 = 2;
 pub const MAGIC: &str = "rdmabench";
+
+/// One session per rail: rail `index` of the client's `devices`, paired with the server's
+/// rail of the same index.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RailHello {
+    pub index: u32,
+    pub devices: Vec<String>,
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -27,11 +37,17 @@ pub enum Message {
         tool_version: String,
         node: String,
         spec: Box<TestSpec>,
+        /// Which of the client's rails this session is (absent: a ring session).
+        #[serde(default)]
+        rail: Option<RailHello>,
     },
     Welcome {
         version: u32,
         tool_version: String,
         node: String,
+        /// The server's rails' devices, in order.
+        #[serde(default)]
+        devices: Vec<String>,
     },
     /// The server cannot run this spec; `code` is the exit code it maps to.
     Refuse {
@@ -144,6 +160,7 @@ mod tests {
                 validate_data: true,
                 ..TestSpec::new(Operation::Write, Measure::Latency)
             }),
+            rail: Some(RailHello { index: 1, devices: vec!["rxea0".into(), "rxea1".into()] }),
         }
     }
 

@@ -4,6 +4,7 @@
 //! limits live in `check_against_device`, fed with the limits the verbs layer read.
 
 pub mod options;
+pub mod rails;
 pub mod ring;
 
 use serde::{Deserialize, Serialize};

@@ -43,6 +43,19 @@ impl LatencyRecorder {
         self.count
     }
 
+    /// Adds another recorder's samples (rails measured side by side, as one distribution).
+    pub fn merge(&mut self, other: &LatencyRecorder) {
+        if other.count == 0 {
+            return;
+        }
+        self.hist.add(&other.hist).expect("recorders share the histogram's fixed bounds");
+        self.count += other.count;
+        self.min = self.min.min(other.min);
+        self.max = self.max.max(other.max);
+        self.sum += other.sum;
+        self.sum_sq += other.sum_sq;
+    }
+
     pub fn histogram(&self) -> &Histogram<u64> {
         &self.hist
     }
@@ -98,6 +111,23 @@ pub struct LatencySummary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn merged_recorders_are_one_distribution() {
+        let (mut a, mut b, mut both) = (LatencyRecorder::new(), LatencyRecorder::new(), LatencyRecorder::new());
+        for v in 1..=100u64 {
+            a.record(v * 1000);
+            both.record(v * 1000);
+        }
+        for v in 101..=300u64 {
+            b.record(v * 1000);
+            both.record(v * 1000);
+        }
+        a.merge(&b);
+        a.merge(&LatencyRecorder::new());
+        assert_eq!(a.summary(1.0), both.summary(1.0));
+        assert_eq!(a.count(), 300);
+    }
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= b.abs() * 0.001 + 1e-9

@@ -130,6 +130,15 @@ impl ThroughputSummary {
         }
     }
 
+    /// Parts that ran side by side (threads, rails) as one: every message over the longest
+    /// part's time; peaks add up.
+    pub fn side_by_side(size: u64, parts: &[ThroughputSummary]) -> ThroughputSummary {
+        let messages: u64 = parts.iter().map(|t| t.messages).sum();
+        let elapsed = parts.iter().map(|t| t.elapsed_ns).max().unwrap_or(0);
+        let peak = Peak::sum(parts.iter().map(ThroughputSummary::peak));
+        ThroughputSummary::new(size, messages, elapsed, peak)
+    }
+
     /// This summary's peak, to combine with others ([`Peak::sum`]).
     pub fn peak(&self) -> (Peak, f64) {
         let size = (self.bytes / self.messages.max(1)).max(1) as f64;

@@ -45,6 +45,9 @@ pub struct NicIdentity {
     /// PCI address of the device's function, when it has one (soft-RoCE has none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pci: Option<String>,
+    /// The NUMA node the device hangs off, when sysfs says (soft-RoCE and VMs often do not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<i32>,
 }
 
 impl NicIdentity {

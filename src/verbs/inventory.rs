@@ -58,6 +58,20 @@ pub fn device_list() -> Result<DeviceList> {
     Ok(list)
 }
 
+/// The names of the devices this process can open (libibverbs lists only those whose
+/// verbs node it can reach: a pod sees only what its plugin gave it).
+pub fn device_names() -> Result<Vec<String>> {
+    Ok(device_list()?.iter().map(|d| d.name()).collect())
+}
+
+/// The NUMA node `device` hangs off, when sysfs says.
+pub fn numa_node(device: &str) -> Option<i32> {
+    std::fs::read_to_string(format!("/sys/class/infiniband/{device}/device/numa_node"))
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .filter(|&n| n >= 0)
+}
+
 /// Every device with its ports and non-zero GIDs.
 pub fn inventory() -> Result<Vec<DeviceInfo>> {
     let list = device_list()?;

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use super::file::{Measurement, StepKind, Workload};
-use crate::bench::runner::{self, RunOptions};
+use crate::bench::runner::{self, RailOptions, RunOptions};
 use crate::error::{Error, Result};
 use crate::regress;
 use crate::report::junit;
@@ -15,13 +15,12 @@ use crate::report::metrics;
 use crate::report::run::{self as doc, RunDocument, StepRecord};
 use crate::report::table::Units;
 use crate::validate::{self, Request, sysfs::Tree};
-use crate::verbs::DeviceSelection;
 
 /// How to reach the peer and where the outputs go.
 pub struct Plan {
     pub workload: Workload,
     pub peer: String,
-    pub selection: DeviceSelection,
+    pub rails: RailOptions,
     pub tcp_port: u16,
     pub connect_timeout: Duration,
     pub timeout: Duration,
@@ -36,7 +35,7 @@ pub struct Plan {
 impl Plan {
     fn options(&self, cpu_util: bool) -> RunOptions {
         RunOptions {
-            selection: self.selection.clone(),
+            rails: self.rails.clone(),
             tcp_port: self.tcp_port,
             connect_timeout: self.connect_timeout,
             timeout: self.timeout,

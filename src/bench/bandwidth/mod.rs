@@ -13,7 +13,7 @@ use crate::link::{Link, SizeRun};
 use crate::session::{Channel, Message, PeerPoll};
 use crate::signals;
 use crate::spec::Operation;
-use crate::stats::{Peak, ThroughputSummary};
+use crate::stats::ThroughputSummary;
 
 mod lanes;
 mod threads;

@@ -21,15 +21,6 @@ struct Shared {
     peer_per_qp: OnceLock<Vec<u64>>,
 }
 
-fn pin(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is valid; we set one bit and apply it to this thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-}
-
 pub(super) fn drive(
     runs: &[SizeRun],
     chan: &mut Channel,
@@ -50,7 +41,8 @@ pub(super) fn drive(
         sent_per_qp: Mutex::new(vec![None; n]),
         peer_per_qp: OnceLock::new(),
     };
-    let ncpu = std::thread::available_parallelism().map_or(1, |c| c.get());
+    // The rail's CPUs (near its NIC), else any this process may use.
+    let cpus = if runs[0].cpus.is_empty() { crate::bench::cpus::allowed() } else { runs[0].cpus.to_vec() };
     let start = clock.now();
     let outcomes = std::thread::scope(|scope| -> Result<Vec<LaneOutcome>> {
         let handles: Vec<_> = groups
@@ -58,10 +50,12 @@ pub(super) fn drive(
             .enumerate()
             .map(|(t, lanes)| {
                 let my_runs: Vec<SizeRun> = lanes.iter().map(|&i| runs[i]).collect();
-                let (shared, peer) = (&shared, peer.clone());
+                let (shared, peer, cpus) = (&shared, peer.clone(), &cpus);
                 let my_peer_share = lanes.clone();
                 scope.spawn(move || -> Result<LaneOutcome> {
-                    pin(t % ncpu);
+                    if !cpus.is_empty() {
+                        crate::bench::cpus::pin(cpus[t % cpus.len()]);
+                    }
                     let mut set = LaneSet::new(&my_runs, send, receive, start);
                     let mut reported = false;
                     loop {
@@ -119,11 +113,8 @@ pub(super) fn drive(
     }
     let per_thread: Vec<ThroughputSummary> = outcomes.iter().filter_map(|o| o.sent.clone()).collect();
     let sent = send.then(|| {
-        let messages: u64 = per_thread.iter().map(|t| t.messages).sum();
-        let elapsed = per_thread.iter().map(|t| t.elapsed_ns).max().unwrap_or(0);
-        let peak = Peak::sum(per_thread.iter().map(ThroughputSummary::peak));
-        let summary = ThroughputSummary::new(size, messages, elapsed, peak);
-        BandwidthRun { iterations: messages, summary }
+        let summary = ThroughputSummary::side_by_side(size, &per_thread);
+        BandwidthRun { iterations: summary.messages, summary }
     });
     let received = outcomes.iter().filter_map(|o| o.received).reduce(|a, b| a + b);
     let data_error = outcomes.into_iter().find_map(|o| o.data_error);
