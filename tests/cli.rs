@@ -242,14 +242,15 @@ mod results {
     }
 
     #[test]
-    fn the_baseline_matches_the_run_schema() {
+    fn the_baseline_matches_the_run_schema_of_its_version() {
         let root = env!("CARGO_MANIFEST_DIR");
+        let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(baseline()).unwrap()).unwrap();
+        let version = doc["schema_version"].as_u64().unwrap();
         let schema: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(format!("{root}/results/schema/run-v1.schema.json")).unwrap(),
+            &std::fs::read_to_string(format!("{root}/results/schema/run-v{version}.schema.json")).unwrap(),
         )
         .unwrap();
         let v = jsonschema::validator_for(&schema).unwrap();
-        let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(baseline()).unwrap()).unwrap();
         let errors: Vec<String> = v.iter_errors(&doc).map(|e| format!("{e} at {}", e.instance_path())).collect();
         assert!(errors.is_empty(), "{errors:?}");
     }

@@ -88,6 +88,23 @@ fn cpu_plan(devices: &[String], threads: u32) -> Vec<Vec<usize>> {
 /// the results of every size, per rail and in total. A rail that fails does not stop the
 /// others: the run reports what every rail measured, then fails naming the rail.
 pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResult> {
+    match client_keeping(host, spec, opts) {
+        (Some(run), None) => Ok(run),
+        (_, Some(e)) => Err(e),
+        (None, None) => unreachable!("a run without results failed"),
+    }
+}
+
+/// [`client`], keeping what the rails measured when one of them failed (a workload step
+/// records the other rails' figures).
+pub fn client_keeping(host: &str, spec: &TestSpec, opts: &RunOptions) -> (Option<RunResult>, Option<Error>) {
+    match client_run(host, spec, opts) {
+        Ok((run, error)) => (Some(run), error),
+        Err(e) => (None, Some(e)),
+    }
+}
+
+fn client_run(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<(RunResult, Option<Error>)> {
     spec.check()?;
     if opts.histogram.is_some() && spec.measure != Measure::Latency {
         return Err(Error::Usage("--histogram applies to latency tests".into()));
@@ -117,10 +134,8 @@ pub fn client(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<RunResul
     {
         json::write(&Document::new("client", run.clone()), target)?;
     }
-    match conductor.lock().first_error() {
-        Some(e) => Err(e),
-        None => Ok(run),
-    }
+    let error = conductor.lock().first_error();
+    Ok((run, error))
 }
 
 /// One rail of the client: prepare, connect, every size in its turn, then the report.

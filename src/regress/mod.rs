@@ -40,6 +40,9 @@ impl Verdict {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Row {
     pub step: String,
+    /// The rail compared ("rail 1 (mlx5_1 -> mlx5_1)"); None: the step's total.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rail: Option<String>,
     pub size: u64,
     pub metric: String,
     pub baseline: Stats,
@@ -48,6 +51,16 @@ pub struct Row {
     pub change_pct: f64,
     pub tolerance_pct: f64,
     pub verdict: Verdict,
+}
+
+impl Row {
+    /// The step, and the rail when the row is one rail's.
+    pub fn label(&self) -> String {
+        match &self.rail {
+            Some(r) => format!("{} [{r}]", self.step),
+            None => self.step.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -148,17 +161,56 @@ pub fn compare(
             missing.push(format!("step \"{}\"", bs.name));
             continue;
         };
-        for bsize in &bs.stats {
-            let Some(csize) = cs.stats.iter().find(|s| s.size == bsize.size) else {
-                missing.push(format!("step \"{}\" size {}", bs.name, bsize.size));
+        let tolerance = |metric: &str| cs.tolerance.get(metric).copied().unwrap_or(tolerance_pct);
+        let step = Figures { step: &bs.name, rail: None, tolerance: &tolerance };
+        step.compare(&bs.stats, &cs.stats, &mut rows, &mut missing);
+        // Rails match by position and device: rail i of the baseline is rail i here, on
+        // the same device, or it is missing.
+        for br in &bs.rails {
+            let same = cs.rails.iter().find(|cr| cr.rail == br.rail && cr.device == br.device);
+            let Some(cr) = same else {
+                let here = cs.rails.iter().find(|cr| cr.rail == br.rail).map_or("no such rail".into(), |c| c.label());
+                missing.push(format!("step \"{}\" {} (this run: {here})", bs.name, br.label()));
+                continue;
+            };
+            let rail = Figures { step: &bs.name, rail: Some(br.label()), tolerance: &tolerance };
+            rail.compare(&br.stats, &cr.stats, &mut rows, &mut missing);
+        }
+    }
+    Ok(Comparison { rows, missing, environment_differences })
+}
+
+/// The figures of one step, or of one rail of it, compared size by size.
+struct Figures<'a> {
+    step: &'a str,
+    rail: Option<String>,
+    tolerance: &'a dyn Fn(&str) -> f64,
+}
+
+impl Figures<'_> {
+    fn compare(
+        &self,
+        base: &[metrics::SizeStats],
+        cur: &[metrics::SizeStats],
+        rows: &mut Vec<Row>,
+        missing: &mut Vec<String>,
+    ) {
+        let whose = match &self.rail {
+            Some(r) => format!("step \"{}\" {r}", self.step),
+            None => format!("step \"{}\"", self.step),
+        };
+        for bsize in base {
+            let Some(csize) = cur.iter().find(|s| s.size == bsize.size) else {
+                missing.push(format!("{whose} size {}", bsize.size));
                 continue;
             };
             for (metric, b) in &bsize.metrics {
                 let Some(c) = csize.metrics.get(metric) else { continue };
-                let tol = cs.tolerance.get(metric).copied().unwrap_or(tolerance_pct);
+                let tol = (self.tolerance)(metric);
                 let (change_pct, verdict) = judge(metric, b, c, tol);
                 rows.push(Row {
-                    step: bs.name.clone(),
+                    step: self.step.to_string(),
+                    rail: self.rail.clone(),
                     size: bsize.size,
                     metric: metric.clone(),
                     baseline: b.clone(),
@@ -170,7 +222,6 @@ pub fn compare(
             }
         }
     }
-    Ok(Comparison { rows, missing, environment_differences })
 }
 
 fn io(e: std::io::Error) -> Error {
@@ -201,7 +252,7 @@ pub fn print(c: &Comparison, out: &mut dyn Write) -> Result<()> {
         writeln!(
             out,
             "{:<32} {:>8} {:<8} {:>34} {:>34} {:>+8.1}% {:>5.1}%  {}",
-            r.step,
+            r.label(),
             r.size,
             r.metric,
             spread(&r.baseline),
@@ -242,7 +293,7 @@ pub fn junit_cases(c: &Comparison) -> Vec<junit::Case> {
                 r.verdict.label()
             );
             junit::Case {
-                name: format!("{} {} B {}", r.step, r.size, r.metric),
+                name: format!("{} {} B {}", r.label(), r.size, r.metric),
                 classname: "compare".into(),
                 outcome: if r.verdict == Verdict::Regressed {
                     junit::Outcome::Failed(text.clone())

@@ -37,6 +37,7 @@ fn doc(device: &str, metric: &str, values: &[f64], tolerance: Option<f64>) -> Ru
             thresholds: Vec::new(),
             tolerance: tolerance.map(|t| BTreeMap::from([(metric.to_string(), t)])).unwrap_or_default(),
             checks: Vec::new(),
+            rails: Vec::new(),
             error: None,
             verdict: "pass".into(),
             duration_s: 1.0,
@@ -138,4 +139,48 @@ fn figures_keep_significant_digits_at_any_magnitude() {
     let text = String::from_utf8(out).unwrap();
     assert!(text.contains("0.0009380") && text.contains("0.0004690"), "{text}");
     assert!(text.contains("-50.0%") && text.contains("REGRESSED"), "{text}");
+}
+
+fn with_rails(mut d: RunDocument, rails: &[(&str, f64)]) -> RunDocument {
+    let step = &mut d.steps[0];
+    step.rails = rails
+        .iter()
+        .enumerate()
+        .map(|(i, (device, gbps))| crate::report::run::RailStep {
+            rail: i as u32,
+            device: device.to_string(),
+            peer_device: format!("peer_{device}"),
+            link_rate_gbps: Some(100.0),
+            runs: Vec::new(),
+            stats: vec![SizeStats {
+                size: 65536,
+                metrics: BTreeMap::from([("gbps".to_string(), Stats::of(vec![*gbps]).unwrap())]),
+            }],
+            error: None,
+        })
+        .collect();
+    d
+}
+
+#[test]
+fn rails_match_by_position_and_device_and_a_weak_rail_shows() {
+    let base = with_rails(doc("mlx5_0", "gbps", &[200.0], None), &[("mlx5_0", 100.0), ("mlx5_1", 100.0)]);
+    let cur = with_rails(doc("mlx5_0", "gbps", &[190.0], None), &[("mlx5_0", 100.0), ("mlx5_1", 90.0)]);
+    let c = compare(&base, &cur, 5.0, false).unwrap();
+    assert_eq!(c.rows.len(), 3, "the total and each rail: {:?}", c.rows);
+    let weak = c.rows.iter().find(|r| r.rail.as_deref() == Some("rail 1 (mlx5_1 -> peer_mlx5_1)")).unwrap();
+    assert_eq!(weak.verdict, Verdict::Regressed);
+    assert!(weak.label().starts_with("bw [rail 1 (mlx5_1"), "{}", weak.label());
+    // A rail on another device is not the same rail: it is missing, and says what is there.
+    let moved = with_rails(doc("mlx5_0", "gbps", &[200.0], None), &[("mlx5_0", 100.0), ("mlx5_3", 100.0)]);
+    let c = compare(&base, &moved, 5.0, false).unwrap();
+    assert!(c.failed());
+    assert!(
+        c.missing[0].contains("rail 1 (mlx5_1") && c.missing[0].contains("this run: rail 1 (mlx5_3"),
+        "{:?}",
+        c.missing
+    );
+    // A version-1 baseline (no rails) still compares the step's figures.
+    let c = compare(&doc("mlx5_0", "gbps", &[200.0], None), &cur, 5.0, false).unwrap();
+    assert_eq!((c.rows.len(), c.missing.len()), (1, 0));
 }

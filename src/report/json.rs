@@ -1,5 +1,5 @@
 //! The JSON document: one per run, every size of a sweep in `results`, versioned by
-//! `schema_version`. The schema is results/schema/result-v1.schema.json; a test keeps the
+//! `schema_version`. The schema is results/schema/result-v2.schema.json; a test keeps the
 //! two in step.
 
 use std::io::Write;
@@ -10,7 +10,7 @@ use super::RunResult;
 use crate::error::{Error, Result};
 
 pub const SCHEMA: &str = "rdmabench/result";
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Document {
@@ -54,7 +54,7 @@ mod tests {
     use crate::stats::{LatencyRecorder, Peak, ThroughputSummary};
 
     fn schema() -> jsonschema::Validator {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/results/schema/result-v1.schema.json");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/results/schema/result-v2.schema.json");
         let schema: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         jsonschema::validator_for(&schema).unwrap()
     }
@@ -162,6 +162,45 @@ mod tests {
         assert!(!errors(&v).is_empty(), "a result with both latency and bandwidth is invalid");
         v["results"] = serde_json::json!([]);
         assert!(!errors(&v).is_empty(), "an empty result list is invalid");
+    }
+
+    #[test]
+    fn a_two_rail_document_has_each_rail_and_the_aggregate() {
+        let result = SizeResult {
+            size: 65536,
+            iterations: 10,
+            bytes: 655360,
+            duration_ns: 1000,
+            bandwidth: Some(ThroughputSummary::new(65536, 10, 1000, Peak { msgs_per_sec: None, window_msgs: 10 })),
+            ..Default::default()
+        };
+        let rail = |i: u32, error: Option<&str>| crate::report::RailResult {
+            rail: i,
+            device: format!("mlx5_{i}"),
+            peer_device: format!("mlx5_{i}"),
+            numa_node: Some(0),
+            cpus: vec![2],
+            environment: Some(env()),
+            results: if error.is_some() { Vec::new() } else { vec![result.clone()] },
+            error: error.map(str::to_string),
+        };
+        let run = RunResult {
+            test: "write_bw".into(),
+            spec: spec(Measure::Bandwidth, vec![65536]),
+            environment: env(),
+            results: vec![result.clone()],
+            rails: vec![rail(0, None), rail(1, Some("retry exceeded"))],
+            rail_mode: Some(crate::spec::rails::RailMode::Concurrent),
+        };
+        let mut v = serde_json::to_value(Document::new("client", run)).unwrap();
+        assert_eq!(errors(&v), Vec::<String>::new());
+        assert_eq!(v["schema_version"], 2);
+        assert_eq!(v["rails"][1]["error"], "retry exceeded");
+        // Every rail failed before measuring: the rails say why, no size result is required.
+        v["results"] = serde_json::json!([]);
+        assert_eq!(errors(&v), Vec::<String>::new());
+        v["rails"][0]["rail"] = "zero".into();
+        assert!(!errors(&v).is_empty());
     }
 
     #[test]

@@ -93,6 +93,14 @@ pub fn gather(runs: &[Vec<SizeResult>]) -> Vec<SizeStats> {
         .collect()
 }
 
+/// Thresholds over rails rather than one metric of one result: the slowest rail within a
+/// percentage of the fastest (`max_rail_spread`, on gbps, or p50_us for latency tests),
+/// and each rail's bandwidth as a percentage of its port's active rate (`min_line_rate`).
+pub const RAIL_THRESHOLDS: &[(&str, &str, &str)] = &[
+    ("max_rail_spread", "rail_spread_pct", "slowest rail's shortfall from the fastest, % (gbps; p50_us for latency)"),
+    ("min_line_rate", "line_rate_pct", "a rail's average bandwidth, % of its port's active rate"),
+];
+
 /// A threshold: `min_gbps = 10` is (gbps, at least 10).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Threshold {
@@ -107,6 +115,12 @@ pub struct Threshold {
 impl Threshold {
     /// `min_<metric>` or `max_<metric>`, for a known metric whose better direction fits.
     pub fn parse(key: &str, limit: f64) -> Result<Threshold, String> {
+        if let Some(&(_, metric, _)) = RAIL_THRESHOLDS.iter().find(|t| t.0 == key) {
+            if !(limit.is_finite() && limit > 0.0 && limit <= 100.0) {
+                return Err(format!("threshold `{key}` = {limit} is a percentage; use a number in (0, 100], like 90"));
+            }
+            return Ok(Threshold { key: key.into(), metric: metric.into(), limit, at_least: key.starts_with("min_") });
+        }
         let (at_least, metric) = match (key.strip_prefix("min_"), key.strip_prefix("max_")) {
             (Some(m), _) => (true, m),
             (_, Some(m)) => (false, m),
@@ -126,6 +140,11 @@ impl Threshold {
     pub fn passes(&self, value: f64) -> bool {
         if self.at_least { value >= self.limit } else { value <= self.limit }
     }
+
+    /// Whether this threshold is judged over rails (spread, line rate) rather than per result.
+    pub fn over_rails(&self) -> bool {
+        RAIL_THRESHOLDS.iter().any(|t| t.0 == self.key)
+    }
 }
 
 /// The threshold keys a workload accepts.
@@ -136,6 +155,7 @@ pub fn threshold_keys() -> Vec<String> {
             Better::Higher => format!("min_{m}"),
             Better::Lower => format!("max_{m}"),
         })
+        .chain(RAIL_THRESHOLDS.iter().map(|t| t.0.to_string()))
         .collect()
 }
 
@@ -145,6 +165,12 @@ pub struct ThresholdVerdict {
     #[serde(flatten)]
     pub threshold: Threshold,
     pub size: u64,
+    /// The rail judged (a step with several rails judges each); None: the whole step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rail: Option<u32>,
+    /// Which rails a spread was measured between, or why a figure is missing.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
     /// The median over the repeats; None when the step did not produce the metric.
     pub value: Option<f64>,
     pub pass: bool,
@@ -153,34 +179,98 @@ pub struct ThresholdVerdict {
 impl ThresholdVerdict {
     pub fn describe(&self) -> String {
         let op = if self.threshold.at_least { ">=" } else { "<=" };
+        let rail = self.rail.map_or(String::new(), |r| format!(" on rail {r}"));
+        let detail = if self.detail.is_empty() { String::new() } else { format!(" ({})", self.detail) };
         match self.value {
             Some(v) => format!(
-                "{} at {} B: {} {op} {} {}",
+                "{}{rail} at {} B: {} {op} {} {}{detail}",
                 self.threshold.metric,
                 self.size,
                 Sig(v),
                 self.threshold.limit,
                 if self.pass { "pass" } else { "FAIL" }
             ),
-            None => format!("{} at {} B: not measured by this test FAIL", self.threshold.metric, self.size),
+            None => format!("{}{rail} at {} B: not measured FAIL{detail}", self.threshold.metric, self.size),
         }
     }
 }
 
-pub fn judge(thresholds: &[Threshold], stats: &[SizeStats]) -> Vec<ThresholdVerdict> {
+/// One rail's figures as thresholds see them.
+pub struct RailFigures<'a> {
+    pub rail: u32,
+    pub device: &'a str,
+    pub stats: &'a [SizeStats],
+    /// The port's active rate, Gb/s, when the device reports one.
+    pub link_rate_gbps: Option<f64>,
+}
+
+fn verdict(t: &Threshold, size: u64, rail: Option<u32>, value: Option<f64>, detail: String) -> ThresholdVerdict {
+    ThresholdVerdict { threshold: t.clone(), size, rail, detail, value, pass: value.is_some_and(|v| t.passes(v)) }
+}
+
+/// Judges a step: with one rail (`rails` holds it), every threshold on its figures; with
+/// several, each per-result threshold on every rail, the line rate per rail, and the
+/// spread between the rails per size.
+pub fn judge(thresholds: &[Threshold], rails: &[RailFigures]) -> Vec<ThresholdVerdict> {
+    let many = rails.len() > 1;
     let mut out = Vec::new();
-    for s in stats {
-        for t in thresholds {
-            let value = s.metrics.get(&t.metric).map(|m| m.median);
-            out.push(ThresholdVerdict {
-                threshold: t.clone(),
-                size: s.size,
-                value,
-                pass: value.is_some_and(|v| t.passes(v)),
-            });
+    for t in thresholds {
+        if t.metric == "rail_spread_pct" {
+            out.extend(spread_verdicts(t, rails));
+            continue;
+        }
+        for r in rails {
+            let rail = many.then_some(r.rail);
+            for s in r.stats {
+                let gbps = s.metrics.get("gbps").map(|m| m.median);
+                let (value, detail) = match t.metric.as_str() {
+                    "line_rate_pct" => match (gbps, r.link_rate_gbps) {
+                        (Some(g), Some(rate)) if rate > 0.0 => {
+                            (Some(g / rate * 100.0), format!("{} of {rate} Gb/s on {}", Sig(g), r.device))
+                        }
+                        (None, _) => (None, "a bandwidth test has a line rate; this is not one".into()),
+                        _ => (None, format!("{} reports no link rate", r.device)),
+                    },
+                    m => (s.metrics.get(m).map(|x| x.median), String::new()),
+                };
+                out.push(verdict(t, s.size, rail, value, detail));
+            }
         }
     }
     out
+}
+
+/// The slowest rail's shortfall from the fastest, per size: on gbps (higher is better),
+/// else p50_us (lower is better). One rail has no spread: the threshold holds.
+fn spread_verdicts(t: &Threshold, rails: &[RailFigures]) -> Vec<ThresholdVerdict> {
+    let Some(first) = rails.first() else { return Vec::new() };
+    first
+        .stats
+        .iter()
+        .map(|s0| {
+            let figure = |r: &RailFigures| -> Option<(f64, Better)> {
+                let s = r.stats.iter().find(|s| s.size == s0.size)?;
+                s.metrics
+                    .get("gbps")
+                    .map(|m| (m.median, Better::Higher))
+                    .or_else(|| s.metrics.get("p50_us").map(|m| (m.median, Better::Lower)))
+            };
+            let figures: Vec<(u32, f64, Better)> =
+                rails.iter().filter_map(|r| figure(r).map(|(v, b)| (r.rail, v, b))).collect();
+            if figures.len() < rails.len() {
+                return verdict(t, s0.size, None, None, "a rail did not measure this size".into());
+            }
+            let better = figures[0].2;
+            let key = |f: &&(u32, f64, Better)| if better == Better::Higher { f.1 } else { -f.1 };
+            let best = figures.iter().max_by(|a, b| key(a).total_cmp(&key(b))).expect("one rail at least");
+            let worst = figures.iter().min_by(|a, b| key(a).total_cmp(&key(b))).expect("one rail at least");
+            let pct = if best.1 == 0.0 { 0.0 } else { (best.1 - worst.1).abs() / best.1 * 100.0 };
+            let unit = if better == Better::Higher { "gbps" } else { "p50_us" };
+            let detail =
+                format!("{unit}: slowest rail {} {}, fastest rail {} {}", worst.0, Sig(worst.1), best.0, Sig(best.1));
+            verdict(t, s0.size, None, Some(pct), detail)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -235,12 +325,45 @@ mod tests {
         let runs = vec![vec![bw(4096, 9.0), bw(65536, 20.0)], vec![bw(4096, 11.0), bw(65536, 22.0)]];
         let s = gather(&runs);
         let t = [Threshold::parse("min_gbps", 15.0).unwrap(), Threshold::parse("max_p99_us", 5.0).unwrap()];
-        let v = judge(&t, &s);
+        let v = judge(&t, &[RailFigures { rail: 0, device: "d", stats: &s, link_rate_gbps: None }]);
         let find = |size, m: &str| v.iter().find(|x| x.size == size && x.threshold.metric == m).unwrap();
         assert!(!find(4096, "gbps").pass, "median 10 < 15");
         assert!((find(4096, "gbps").value.unwrap() - 10.0).abs() < 1e-3);
         assert!(find(65536, "gbps").pass);
         assert!(!find(65536, "p99_us").pass && find(65536, "p99_us").value.is_none(), "bandwidth has no latency");
+    }
+
+    #[test]
+    fn every_rail_meets_the_bar_the_spread_shows_a_weak_rail_and_line_rate_scales_to_the_port() {
+        let r0 = gather(&[vec![bw(65536, 180.0)]]);
+        let r1 = gather(&[vec![bw(65536, 150.0)]]);
+        let rails = [
+            RailFigures { rail: 0, device: "mlx5_0", stats: &r0, link_rate_gbps: Some(200.0) },
+            RailFigures { rail: 1, device: "mlx5_1", stats: &r1, link_rate_gbps: Some(200.0) },
+        ];
+        let t = [
+            Threshold::parse("min_gbps", 100.0).unwrap(),
+            Threshold::parse("max_rail_spread", 10.0).unwrap(),
+            Threshold::parse("min_line_rate", 85.0).unwrap(),
+        ];
+        let v = judge(&t, &rails);
+        let find = |m: &str, rail| v.iter().find(|x| x.threshold.metric == m && x.rail == rail).unwrap();
+        assert!(find("gbps", Some(0)).pass && find("gbps", Some(1)).pass, "both above the absolute bar");
+        let spread = find("rail_spread_pct", None);
+        assert!(!spread.pass, "150 is 16.7 % short of 180");
+        assert!((spread.value.unwrap() - 16.666).abs() < 0.01);
+        assert!(spread.describe().contains("slowest rail 1 150"), "{}", spread.describe());
+        assert!(find("line_rate_pct", Some(0)).pass, "180 of 200 = 90 %");
+        let weak = find("line_rate_pct", Some(1));
+        assert!(!weak.pass && weak.describe().contains("on rail 1") && weak.describe().contains("mlx5_1"));
+        // No link rate: the line-rate threshold cannot hold, and says why.
+        let unknown = [RailFigures { rail: 0, device: "rxe0", stats: &r0, link_rate_gbps: None }];
+        let v = judge(&t[2..], &unknown);
+        assert!(!v[0].pass && v[0].describe().contains("rxe0 reports no link rate"), "{}", v[0].describe());
+        // One rail: nothing to spread.
+        let v = judge(&t[1..2], &unknown);
+        assert!(v[0].pass && v[0].value == Some(0.0));
+        assert!(Threshold::parse("min_line_rate", 120.0).unwrap_err().contains("percentage"));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The document of a whole workload run: every step with its spec, every repeat's
 //! results, the statistics thresholds and comparisons use, and the verdicts. Schema
-//! `rdmabench/run` version 1 (results/schema/run-v1.schema.json); `compare` reads it back.
+//! `rdmabench/run` version 2 (results/schema/run-v2.schema.json); `compare` reads it back.
 
 use std::collections::BTreeMap;
 
@@ -13,7 +13,9 @@ use crate::error::{Error, Result};
 use crate::spec::TestSpec;
 
 pub const SCHEMA: &str = "rdmabench/run";
-pub const SCHEMA_VERSION: u32 = 1;
+/// Version 2 added per-rail records (`rails` in a step, `rail` in a threshold verdict); a
+/// version 1 document reads as a run of one rail.
+pub const SCHEMA_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunDocument {
@@ -53,12 +55,41 @@ pub struct StepRecord {
     /// A validate step's checks.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub checks: Vec<Check>,
+    /// With several rails: each rail's repeats and statistics (`runs` and `stats` above
+    /// are then the aggregate over the rails).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rails: Vec<RailStep>,
     /// Why the step could not finish.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// "pass" or "fail".
     pub verdict: String,
     pub duration_s: f64,
+}
+
+/// One rail of a measurement step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RailStep {
+    pub rail: u32,
+    pub device: String,
+    pub peer_device: String,
+    /// The port's active rate, Gb/s, when the device reports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_rate_gbps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<Vec<SizeResult>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stats: Vec<SizeStats>,
+    /// Why this rail stopped, when it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl RailStep {
+    /// "rail 1 (mlx5_1 -> mlx5_1)".
+    pub fn label(&self) -> String {
+        super::rail_label(self.rail, &self.device, &self.peer_device)
+    }
 }
 
 impl StepRecord {
@@ -76,15 +107,19 @@ pub fn read(path: &str) -> Result<RunDocument> {
     match v.get("schema").and_then(|s| s.as_str()) {
         Some(SCHEMA) => {
             let version = v.get("schema_version").and_then(|s| s.as_u64()).unwrap_or(0);
-            if version != SCHEMA_VERSION as u64 {
+            if !(1..=SCHEMA_VERSION as u64).contains(&version) {
                 return Err(Error::Usage(format!(
-                    "{path} has {SCHEMA} version {version}; this rdmabench reads version {SCHEMA_VERSION}: rerun the \
-                     baseline with this version"
+                    "{path} has {SCHEMA} version {version}; this rdmabench reads versions 1 to {SCHEMA_VERSION}: rerun \
+                     the baseline with this version"
                 )));
             }
-            serde_json::from_value(v).map_err(bad)
+            let mut doc: RunDocument = serde_json::from_value(v).map_err(bad)?;
+            // Version 1 is version 2 without rails.
+            doc.schema_version = SCHEMA_VERSION;
+            Ok(doc)
         }
         Some(super::json::SCHEMA) => {
+            // Versions 1 and 2 both read: version 1 is a one-rail run.
             let doc: super::json::Document = serde_json::from_value(v).map_err(bad)?;
             Ok(from_result(doc, path))
         }
@@ -117,10 +152,24 @@ fn from_result(doc: super::json::Document, path: &str) -> RunDocument {
             thresholds: Vec::new(),
             tolerance: BTreeMap::new(),
             checks: Vec::new(),
+            rails: run.rails.iter().map(|r| rail_step(r, vec![r.results.clone()])).collect(),
             error: None,
             verdict: "pass".into(),
             duration_s: 0.0,
         }],
         verdict: "pass".into(),
+    }
+}
+
+/// A rail's record in a step, from its result and its repeats' results.
+pub fn rail_step(r: &super::RailResult, runs: Vec<Vec<SizeResult>>) -> RailStep {
+    RailStep {
+        rail: r.rail,
+        device: r.device.clone(),
+        peer_device: r.peer_device.clone(),
+        link_rate_gbps: r.environment.as_ref().and_then(|e| e.link_rate_gbps),
+        stats: super::metrics::gather(&runs),
+        runs,
+        error: r.error.clone(),
     }
 }

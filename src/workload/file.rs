@@ -50,7 +50,8 @@ pub struct Measurement {
     pub tolerance: BTreeMap<String, f64>,
 }
 
-/// A threshold's value: a number, or `"$param"`.
+/// A threshold's value: a number, a percentage (`"90%"`, for the rail thresholds), or
+/// `"$param"`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 enum Limit {
@@ -284,9 +285,14 @@ fn step(src: &Source, span: &Range<usize>, s: &RawStep, params: &BTreeMap<String
     for (key, limit) in s.thresholds.iter().flatten() {
         let value = match limit {
             Limit::Number(v) => *v,
+            Limit::Param(p) if p.ends_with('%') && !p.starts_with('$') => p
+                .trim_end_matches('%')
+                .trim()
+                .parse::<f64>()
+                .map_err(|_| err(key, &format!("{p:?} is not a percentage like \"90%\"")))?,
             Limit::Param(p) => {
                 let name = p.strip_prefix('$').ok_or_else(|| {
-                    err(key, &format!("{p:?} is neither a number nor a parameter reference like \"$min_gbps\""))
+                    err(key, &format!("{p:?} is neither a number, a percentage (\"90%\") nor a parameter reference like \"$min_gbps\""))
                 })?;
                 *params.get(name).ok_or_else(|| {
                     err(key, &format!("parameter {name:?} is not defined in [params] (nor given with --param)"))

@@ -158,6 +158,7 @@ fn skipped(name: &str, why: &str) -> StepRecord {
         thresholds: Vec::new(),
         tolerance: Default::default(),
         checks: Vec::new(),
+        rails: Vec::new(),
         error: (!why.is_empty()).then(|| why.into()),
         verdict: "fail".into(),
         duration_s: 0.0,
@@ -173,6 +174,9 @@ fn measure(
     out: &mut dyn Write,
 ) -> Result<(StepRecord, Option<Error>, Option<crate::report::Environment>)> {
     let mut runs = Vec::new();
+    // Per rail, every repeat's results; the last repeat's rail records name the rails.
+    let mut rail_runs: Vec<Vec<Vec<crate::report::SizeResult>>> = Vec::new();
+    let mut rails: Vec<crate::report::RailResult> = Vec::new();
     let mut environment = None;
     let mut failure = None;
     for r in 0..m.repeat {
@@ -180,21 +184,51 @@ fn measure(
             writeln!(out, "--- {name}: run {}/{} ---", r + 1, m.repeat).map_err(io)?;
             out.flush().map_err(io)?;
         }
-        match runner::client(&plan.peer, &m.spec, &plan.options(m.cpu_util)) {
-            Ok(result) => {
-                environment.get_or_insert(result.environment);
+        // A failed rail still brings the other rails' figures.
+        let (result, error) = runner::client_keeping(&plan.peer, &m.spec, &plan.options(m.cpu_util));
+        if let Some(e @ Error::Interrupted(_)) = error {
+            return Err(e);
+        }
+        if let Some(result) = result {
+            environment.get_or_insert(result.environment.clone());
+            if !result.results.is_empty() {
                 runs.push(result.results);
             }
-            Err(e @ Error::Interrupted(_)) => return Err(e),
-            Err(e) => {
-                writeln!(out, "rdmabench: step \"{name}\" failed: {e}").map_err(io)?;
-                failure = Some(e);
-                break;
+            rail_runs.resize(result.rails.len(), Vec::new());
+            for (i, rail) in result.rails.iter().enumerate() {
+                rail_runs[i].push(rail.results.clone());
             }
+            if !result.rails.is_empty() {
+                rails = result.rails;
+            }
+        }
+        if let Some(e) = error {
+            writeln!(out, "rdmabench: step \"{name}\" failed: {e}").map_err(io)?;
+            failure = Some(e);
+            break;
         }
     }
     let stats = metrics::gather(&runs);
-    let thresholds = metrics::judge(&m.thresholds, &stats);
+    let rail_steps: Vec<doc::RailStep> = rails.iter().zip(rail_runs).map(|(r, runs)| doc::rail_step(r, runs)).collect();
+    let figures: Vec<metrics::RailFigures> = if rail_steps.is_empty() {
+        vec![metrics::RailFigures {
+            rail: 0,
+            device: environment.as_ref().map_or("", |e| e.device.as_str()),
+            stats: &stats,
+            link_rate_gbps: environment.as_ref().and_then(|e| e.link_rate_gbps),
+        }]
+    } else {
+        rail_steps
+            .iter()
+            .map(|r| metrics::RailFigures {
+                rail: r.rail,
+                device: &r.device,
+                stats: &r.stats,
+                link_rate_gbps: r.link_rate_gbps,
+            })
+            .collect()
+    };
+    let thresholds = metrics::judge(&m.thresholds, &figures);
     for t in &thresholds {
         writeln!(out, "  threshold {}: {}", t.threshold.key, t.describe()).map_err(io)?;
     }
@@ -209,6 +243,7 @@ fn measure(
         thresholds,
         tolerance: m.tolerance.clone(),
         checks: Vec::new(),
+        rails: rail_steps,
         error: failure.as_ref().map(|e| e.message()),
         verdict: if ok { "pass" } else { "fail" }.into(),
         duration_s: 0.0,
