@@ -138,6 +138,19 @@ fn client_run(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<(RunResu
     Ok((run, error))
 }
 
+/// A work request that failed because this side's link went down mid-run is a lost path
+/// (exit 4, like a peer that stopped answering), and says so; other failures stay as they are.
+fn link_loss(e: Error, device: &str, port: u8) -> Error {
+    let state = inventory::port_state_now(device, port);
+    match (&e, state) {
+        (Error::Check(m), Some(state)) if m.contains("completion status") && state != "ACTIVE" => Error::Peer(format!(
+            "{m}: {device} port {port} is now {state}: the link went down during the run; check the cable/netdev \
+             (ip link) and `rdma link`"
+        )),
+        _ => e,
+    }
+}
+
 /// One rail of the client: prepare, connect, every size in its turn, then the report.
 fn client_rail(
     i: usize,
@@ -178,11 +191,13 @@ fn client_rail(
             .iter()
             .map(|link| SizeRun { link, spec, size, clock, timeout_ns: opts.timeout_ns(), cpus: &cpus })
             .collect();
-        let (r, samples) = measure_size(&runs, &mut chan, opts, keep_samples).inspect_err(|e| {
-            if !matches!(e, Error::Peer(_)) {
-                chan.abort(e);
-            }
-        })?;
+        let (r, samples) = measure_size(&runs, &mut chan, opts, keep_samples)
+            .map_err(|e| link_loss(e, &devices[i], opts.rails.ib_port))
+            .inspect_err(|e| {
+                if !matches!(e, Error::Peer(_)) {
+                    chan.abort(e);
+                }
+            })?;
         conductor.complete(i, |rail| {
             rail.results.push(r);
             rail.samples.push(samples);
@@ -543,14 +558,12 @@ fn serve(
             .map(|h| h.join().unwrap_or_else(|_| Err(Error::Peer("a rail's thread failed".into()))))
             .collect()
     });
-    let many = n > 1;
     let mut reports = Vec::new();
     let mut first_error = None;
-    for (i, o) in outcomes.into_iter().enumerate() {
+    for o in outcomes {
         match o {
             Ok(r) => reports.push(r),
             Err(e) => {
-                let e = if many { e.context(&format!("rail {i}")) } else { e };
                 first_error.get_or_insert(e);
             }
         }
@@ -609,6 +622,32 @@ fn print_run(out: &mut dyn Write, run: &RunResult, units: Units, role: &str) -> 
 /// and this side's environment.
 #[allow(clippy::too_many_arguments)]
 fn serve_rail(
+    chan: Channel,
+    hello: Message,
+    opts: &RunOptions,
+    ours: &[String],
+    theirs: &[String],
+    seen: &Mutex<Vec<bool>>,
+    clock: &Clock,
+    cpus: &[Vec<usize>],
+) -> Result<(RunResult, Environment)> {
+    let index = match &hello {
+        Message::Hello { rail: Some(r), .. } => r.index as usize,
+        _ => 0,
+    };
+    let label = |e: Error| match (theirs.len() > 1, ours.get(index), theirs.get(index)) {
+        (true, Some(mine), Some(peer)) => e.context(&rail_label(index as u32, mine, peer)),
+        (true, _, _) => e.context(&format!("rail {index}")),
+        _ => e,
+    };
+    serve_rail_checked(chan, hello, opts, ours, theirs, seen, clock, cpus).map_err(|e| match ours.get(index) {
+        Some(device) => label(link_loss(e, device, opts.rails.ib_port)),
+        None => label(e),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn serve_rail_checked(
     mut chan: Channel,
     hello: Message,
     opts: &RunOptions,

@@ -72,6 +72,13 @@ pub fn numa_node(device: &str) -> Option<i32> {
         .filter(|&n| n >= 0)
 }
 
+/// A port's state as sysfs shows it ("4: ACTIVE" reads as "ACTIVE"), without opening the
+/// device: for telling a link that went down from other failures.
+pub fn port_state_now(device: &str, port: u8) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/sys/class/infiniband/{device}/ports/{port}/state")).ok()?;
+    Some(text.split(':').next_back().unwrap_or(&text).trim().to_string())
+}
+
 /// Every device with its ports and non-zero GIDs.
 pub fn inventory() -> Result<Vec<DeviceInfo>> {
     let list = device_list()?;
