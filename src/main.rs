@@ -67,19 +67,16 @@ fn k8s_command(command: K8sCommand, out: &mut dyn std::io::Write) -> Result<()> 
                 write(out, &format!("{}\n", target.display()))?;
             }
             let readme = dir.join("README.md");
-            let text = std::fs::read_to_string(&readme).unwrap_or_default();
-            let (begin, end) = ("<!-- modes:begin -->\n", "<!-- modes:end -->");
-            match report::markers::replace_between(&text, begin, end, &k8s::readme_table()) {
-                Some(text) => {
-                    std::fs::write(&readme, text).map_err(|e| {
-                        rdmabench::Error::Environment(format!("cannot write {}: {e}", readme.display()))
-                    })?;
-                    write(out, &format!("{} (table)\n", readme.display()))?;
-                }
-                None => {
-                    write(out, &format!("{}: no {begin:?}..{end:?} markers, table not written\n", readme.display()))?
+            let mut text = std::fs::read_to_string(&readme).unwrap_or_default();
+            for (begin, end, body) in k8s::readme_sections() {
+                match report::markers::replace_between(&text, begin, end, &body) {
+                    Some(t) => text = t,
+                    None => write(out, &format!("{}: no {begin:?}..{end:?} markers, not written\n", readme.display()))?,
                 }
             }
+            std::fs::write(&readme, text)
+                .map_err(|e| rdmabench::Error::Environment(format!("cannot write {}: {e}", readme.display())))?;
+            write(out, &format!("{} (tables)\n", readme.display()))?;
             Ok(())
         }
     }

@@ -96,7 +96,9 @@ fn env(name: &str, value: impl Into<String>) -> EnvVar {
 
 /// The pod's script: validate, then serve and/or measure; the client's run document as
 /// one `RDMABENCH_RESULT {...}` log line, a summary as the termination message, and the
-/// exit code of the step that failed. Pod `i` listens on `RDMABENCH_PORT + i`, so pods of
+/// exit code of the step that failed. Every rail the plugin gave is measured, rail i of
+/// this pod against rail i of its peer (`RDMABENCH_DEVICES`: `all`, the devices this pod
+/// can open, the ones `validate` just counted). Pod `i` listens on `RDMABENCH_PORT + i`, so pods of
 /// a hostNetwork fleet that share a node do not collide. Two knobs exist for running the
 /// script outside Kubernetes (the lab runs it as three processes on one host):
 /// `RDMABENCH_PEER_ADDR` (one address for every peer) and `RDMABENCH_TERMINATION_LOG`.
@@ -112,15 +114,16 @@ set -- $(rdmabench k8s role --index "$i" $RDMABENCH_ROLE_ARGS)
 serve=$1; peer=$2
 if [ "$serve" = yes ]; then
   if [ "$peer" = - ]; then
-    rdmabench run --serve -p $((RDMABENCH_PORT + i)) --connect-timeout 900; rc=$?
+    rdmabench run --serve -d "$RDMABENCH_DEVICES" -p $((RDMABENCH_PORT + i)) --connect-timeout 900; rc=$?
     summary "pod $i served the workload (exit $rc)"; exit $rc
   fi
-  rdmabench run --serve -p $((RDMABENCH_PORT + i)) --connect-timeout 900 > "$tmp/serve.log" 2>&1 &
+  rdmabench run --serve -d "$RDMABENCH_DEVICES" -p $((RDMABENCH_PORT + i)) --connect-timeout 900 > "$tmp/serve.log" 2>&1 &
   server=$!
 fi
 rdmabench run "$RDMABENCH_WORKLOADS/$RDMABENCH_WORKLOAD.toml" \
   --peer "${RDMABENCH_PEER_ADDR:-$RDMABENCH_JOB-$peer.$RDMABENCH_SERVICE}" \
-  -p $((RDMABENCH_PORT + peer)) --connect-timeout 900 --json "$tmp/run.json" ${RDMABENCH_RUN_ARGS:-}
+  -d "$RDMABENCH_DEVICES" -p $((RDMABENCH_PORT + peer)) --connect-timeout 900 --json "$tmp/run.json" \
+  ${RDMABENCH_RUN_ARGS:-}
 rc=$?
 run=null; [ -s "$tmp/run.json" ] && run=$(tr -d '\n' < "$tmp/run.json")
 echo "RDMABENCH_RESULT {\"pod\":$i,\"peer\":$peer,\"node\":\"$(hostname)\",\"exit\":$rc,\"run\":$run}"
@@ -168,6 +171,7 @@ fn container(p: &JobParams) -> Container {
             env("RDMABENCH_WORKLOAD", &p.workload),
             env("RDMABENCH_WORKLOADS", WORKLOADS_DIR),
             env("RDMABENCH_PORT", p.port.to_string()),
+            env("RDMABENCH_DEVICES", "all"),
             env(
                 "RDMABENCH_RUN_ARGS",
                 p.params.iter().map(|(k, v)| format!("--param {k}={v}")).collect::<Vec<_>>().join(" "),

@@ -7,6 +7,8 @@ pub mod manifest;
 pub mod platform;
 pub mod summarize;
 
+use std::collections::BTreeMap;
+
 use crate::error::{Error, Result};
 use fleet::Topology;
 use manifest::{JobParams, Placement};
@@ -49,6 +51,33 @@ fn shipped_text(name: &str) -> Option<&'static str> {
     }
 }
 
+/// The `[params]` a workload's text declares.
+fn declared_params(text: &str) -> Vec<String> {
+    toml::from_str::<toml::Value>(text)
+        .ok()
+        .and_then(|v| v.get("params").and_then(|p| p.as_table()).map(|t| t.keys().cloned().collect()))
+        .unwrap_or_default()
+}
+
+/// The generated sections of `k8s-jobs/README.md`: (begin marker, end marker, text).
+pub fn readme_sections() -> Vec<(&'static str, &'static str, String)> {
+    vec![
+        ("<!-- modes:begin -->\n", "<!-- modes:end -->", readme_table()),
+        ("<!-- defaults:begin -->\n", "<!-- defaults:end -->", defaults_table()),
+    ]
+}
+
+/// The per-platform defaults of a rendered Job's thresholds, as k8s-jobs/README.md shows them.
+pub fn defaults_table() -> String {
+    let mut t = String::from("| platform | parameter | default | what it bounds |\n|---|---|---|---|\n");
+    for p in [Platform::Vke, Platform::Ack] {
+        for (k, v, what) in platform::default_params(p) {
+            t.push_str(&format!("| {} | `{k}` | {v} | {what} |\n", platform::platform_name(p)));
+        }
+    }
+    t
+}
+
 /// Checks a request against the documents' rules; returns the parameters and warnings.
 pub fn plan(r: &RenderRequest) -> Result<(JobParams, Vec<String>)> {
     let mode = platform::find(r.platform, &r.mode).map_err(Error::Usage)?;
@@ -65,8 +94,16 @@ pub fn plan(r: &RenderRequest) -> Result<(JobParams, Vec<String>)> {
     }
     // The parameters must be the workload's own: the pods would fail on them at run time.
     let text = shipped_text(&r.workload).expect("every shipped workload has its text");
-    let overrides = r.params.iter().cloned().collect();
-    crate::workload::file::parse(text, &format!("{}.toml", r.workload), &overrides)?;
+    let user: BTreeMap<String, f64> = r.params.iter().cloned().collect();
+    crate::workload::file::parse(text, &format!("{}.toml", r.workload), &user)?;
+    // The platform's defaults for the parameters the workload declares, then the user's.
+    let declared = declared_params(text);
+    let mut params: Vec<(String, f64)> = platform::default_params(r.platform)
+        .iter()
+        .filter(|(k, _, _)| declared.iter().any(|d| d == k) && !user.contains_key(*k))
+        .map(|(k, v, _)| (k.to_string(), *v))
+        .collect();
+    params.extend(r.params.iter().cloned());
     if let Some((pods, topology)) = r.fleet {
         fleet::check(pods, topology).map_err(Error::Usage)?;
     }
@@ -112,7 +149,7 @@ pub fn plan(r: &RenderRequest) -> Result<(JobParams, Vec<String>)> {
             fleet: r.fleet,
             deadline_s: r.deadline_s,
             port: r.port,
-            params: r.params.clone(),
+            params,
         },
         warnings,
     ))
@@ -244,10 +281,12 @@ mod tests {
             );
         }
         let readme = std::fs::read_to_string(format!("{root}/k8s-jobs/README.md")).unwrap_or_default();
-        assert!(
-            readme.contains(&readme_table()),
-            "k8s-jobs/README.md's table is stale: regenerate with `rdmabench k8s render-all k8s-jobs`"
-        );
+        for (_, _, body) in readme_sections() {
+            assert!(
+                readme.contains(&body),
+                "k8s-jobs/README.md's tables are stale: regenerate with `rdmabench k8s render-all k8s-jobs`"
+            );
+        }
     }
 
     #[test]
@@ -334,9 +373,18 @@ mod tests {
         let (_, job) = rendered(&r);
         let envs = &job["spec"]["template"]["spec"]["containers"][0]["env"];
         let run_args = envs.as_array().unwrap().iter().find(|e| e["name"] == "RDMABENCH_RUN_ARGS").unwrap();
-        assert_eq!(run_args["value"], "--param min_write_gbps=180 --param max_write_p50_us=3.5");
+        // The platform's defaults first (less those given), then the user's.
+        assert_eq!(
+            run_args["value"],
+            "--param min_line_rate_pct=80 --param max_rail_spread_pct=10 --param max_write_p99_us=50 --param \
+             max_read_p50_us=15 --param max_send_p50_us=10 --param min_write_gbps=180 --param max_write_p50_us=3.5"
+        );
         let script = job["spec"]["template"]["spec"]["containers"][0]["command"][2].as_str().unwrap();
-        assert!(script.contains("--json \"$tmp/run.json\" ${RDMABENCH_RUN_ARGS:-}"), "the run takes them");
+        assert!(script.contains("${RDMABENCH_RUN_ARGS:-}"), "the run takes them");
+        assert!(script.contains("rdmabench run \"$RDMABENCH_WORKLOADS"), "{script}");
+        assert!(script.matches("-d \"$RDMABENCH_DEVICES\"").count() == 3, "every run and serve on every rail");
+        let devices = envs.as_array().unwrap().iter().find(|e| e["name"] == "RDMABENCH_DEVICES").unwrap();
+        assert_eq!(devices["value"], "all");
         r.params = vec![("min_gbps".into(), 1.0)];
         let e = plan(&r).unwrap_err();
         assert_eq!(e.exit_code(), 2);

@@ -35,6 +35,27 @@ pub struct Link {
     pub ok: bool,
     /// Why a link failed: its exit code and failed steps, or "no result".
     pub problem: Option<String>,
+    /// With several rails: each rail of the link.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rails: Vec<Rail>,
+}
+
+/// One rail of a link: this pod's device against its peer's device of the same index.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Rail {
+    pub pod: u32,
+    pub peer: u32,
+    pub node: String,
+    pub rail: u32,
+    pub device: String,
+    pub peer_device: String,
+    /// The rail's first bandwidth figure (median, Gb/s).
+    pub gbps: Option<f64>,
+    /// The rail's first latency figure (p50 median, us).
+    pub p50_us: Option<f64>,
+    pub ok: bool,
+    /// The steps where this rail failed or missed a threshold, and why.
+    pub problem: Option<String>,
 }
 
 const MARK: &str = "RDMABENCH_RESULT ";
@@ -54,6 +75,58 @@ pub fn parse(reader: impl BufRead) -> Result<Vec<PodResult>> {
 
 fn first_metric(run: &RunDocument, metric: &str) -> Option<f64> {
     run.steps.iter().flat_map(|s| s.stats.iter()).find_map(|s| s.metrics.get(metric).map(|m| m.median))
+}
+
+/// Every rail of a pod's run: its figures from the first step that measured each, and the
+/// steps where it stopped or missed one of its thresholds.
+fn rails_of(r: &PodResult) -> Vec<Rail> {
+    let Some(run) = &r.run else { return Vec::new() };
+    let steps: Vec<_> = run.steps.iter().filter(|s| s.kind == "measure").collect();
+    let count = steps.iter().map(|s| s.rails.len()).max().unwrap_or(0);
+    (0..count as u32)
+        .map(|i| {
+            let mine: Vec<_> =
+                steps.iter().filter_map(|s| s.rails.iter().find(|x| x.rail == i).map(|x| (*s, x))).collect();
+            let figure = |metric: &str| {
+                mine.iter().flat_map(|(_, x)| x.stats.iter()).find_map(|st| st.metrics.get(metric).map(|m| m.median))
+            };
+            let mut problems = Vec::new();
+            for (step, x) in &mine {
+                if let Some(e) = &x.error {
+                    problems.push(format!("{}: {e}", step.name));
+                }
+                for t in step.thresholds.iter().filter(|t| t.rail == Some(i) && !t.pass) {
+                    problems.push(format!("{}: {}", step.name, t.describe()));
+                }
+            }
+            let (device, peer_device) =
+                mine.first().map_or((String::new(), String::new()), |(_, x)| (x.device.clone(), x.peer_device.clone()));
+            Rail {
+                pod: r.pod,
+                peer: r.peer,
+                node: r.node.clone(),
+                rail: i,
+                device,
+                peer_device,
+                gbps: figure("gbps"),
+                p50_us: figure("p50_us"),
+                ok: problems.is_empty(),
+                problem: (!problems.is_empty()).then(|| problems.join("; ")),
+            }
+        })
+        .collect()
+}
+
+/// Every rail of every link, failing first, then slowest first.
+pub fn ranked_rails(rows: &[Link]) -> Vec<&Rail> {
+    let mut rails: Vec<&Rail> = rows.iter().flat_map(|l| l.rails.iter()).collect();
+    rails.sort_by(|a, b| {
+        a.ok.cmp(&b.ok)
+            .then(a.gbps.unwrap_or(f64::MAX).total_cmp(&b.gbps.unwrap_or(f64::MAX)))
+            .then(b.p50_us.unwrap_or(0.0).total_cmp(&a.p50_us.unwrap_or(0.0)))
+            .then((a.pod, a.rail).cmp(&(b.pod, b.rail)))
+    });
+    rails
 }
 
 /// The links, failing first, then slowest first. With `expected` pairs, missing ones
@@ -86,6 +159,7 @@ pub fn links(results: &[PodResult], expected: Option<&[(u32, u32)]>) -> Vec<Link
                 p50_us: r.run.as_ref().and_then(|d| first_metric(d, "p50_us")),
                 ok,
                 problem,
+                rails: rails_of(r),
             }
         })
         .collect();
@@ -100,6 +174,7 @@ pub fn links(results: &[PodResult], expected: Option<&[(u32, u32)]>) -> Vec<Link
                 p50_us: None,
                 ok: false,
                 problem: Some("no result: the pod never printed one (not scheduled, killed, or logs lost)".into()),
+                rails: Vec::new(),
             });
         }
     }
@@ -130,8 +205,40 @@ pub fn print(rows: &[Link], out: &mut dyn Write) -> Result<()> {
         )
         .map_err(io)?;
     }
+    let rails = ranked_rails(rows);
+    if !rails.is_empty() {
+        writeln!(out, "\nrails, failing and slowest first:").map_err(io)?;
+        writeln!(
+            out,
+            "{:<14} {:<24} {:<6} {:<16} {:<16} {:>10} {:>10}  result",
+            "link", "node", "rail", "device", "peer device", "Gb/s", "p50 us"
+        )
+        .map_err(io)?;
+        for r in &rails {
+            let f = |v: Option<f64>| v.map_or("-".to_string(), |v| Sig(v).to_string());
+            writeln!(
+                out,
+                "{:<14} {:<24} {:<6} {:<16} {:<16} {:>10} {:>10}  {}",
+                format!("{} -> {}", r.pod, r.peer),
+                r.node,
+                r.rail,
+                r.device,
+                r.peer_device,
+                f(r.gbps),
+                f(r.p50_us),
+                r.problem.as_deref().map_or("ok".to_string(), |p| format!("FAILED: {p}"))
+            )
+            .map_err(io)?;
+        }
+    }
     let failed = rows.iter().filter(|l| !l.ok).count();
-    writeln!(out, "{} link(s), {failed} failed", rows.len()).map_err(io)
+    let failed_rails = rails.iter().filter(|r| !r.ok).count();
+    if rails.is_empty() {
+        writeln!(out, "{} link(s), {failed} failed", rows.len()).map_err(io)
+    } else {
+        writeln!(out, "{} link(s), {failed} failed; {} rail(s), {failed_rails} failed", rows.len(), rails.len())
+            .map_err(io)
+    }
 }
 
 /// The command: reads `paths` (`-` for stdin), prints the table (or JSON), Err when a
@@ -163,7 +270,27 @@ pub fn command(paths: &[String], expect: Option<(u32, Topology)>, json: bool, ou
     } else {
         print(&rows, out)?;
     }
-    let failed: Vec<String> = rows.iter().filter(|l| !l.ok).map(|l| format!("{} -> {}", l.pod, l.peer)).collect();
+    command_on(&rows)
+}
+
+/// The verdict over the links: Err naming each failed link and its failed rails.
+fn command_on(rows: &[Link]) -> Result<()> {
+    let failed: Vec<String> = rows
+        .iter()
+        .filter(|l| !l.ok)
+        .map(|l| {
+            let rails: Vec<String> = l
+                .rails
+                .iter()
+                .filter(|r| !r.ok)
+                .map(|r| format!("rail {} on {} ({} -> {})", r.rail, r.node, r.device, r.peer_device))
+                .collect();
+            match rails.is_empty() {
+                true => format!("{} -> {}", l.pod, l.peer),
+                false => format!("{} -> {} ({})", l.pod, l.peer, rails.join(", ")),
+            }
+        })
+        .collect();
     if failed.is_empty() {
         Ok(())
     } else {
@@ -214,6 +341,41 @@ mod tests {
         print(&rows, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains("2 -> 3") && text.contains("5 link(s), 2 failed"), "{text}");
+    }
+
+    #[test]
+    fn a_weak_rail_is_named_with_its_node_and_devices_and_ranked_first() {
+        let rail = |i: u32, gbps: f64, error: Option<&str>| {
+            let mut r = serde_json::json!({"rail": i, "device": format!("mlx5_{i}"), "peer_device": format!("mlx5_{i}"),
+                "stats": [{"size": 65536, "metrics": {"gbps": {"median": gbps, "min": gbps, "max": gbps, "values": [gbps]}}}]});
+            if let Some(e) = error {
+                r["error"] = e.into();
+            }
+            r
+        };
+        let run = serde_json::json!({
+            "schema": "rdmabench/run", "schema_version": 2, "tool_version": "0.1.0", "workload": "w",
+            "workload_file": "w.toml", "finished_unix_s": 0.0, "environment": null, "verdict": "fail",
+            "steps": [{"name": "write bandwidth", "kind": "measure", "repeat": 1, "verdict": "fail", "duration_s": 1.0,
+                "stats": [{"size": 65536, "metrics": {"gbps": {"median": 300.0, "min": 300.0, "max": 300.0, "values": [300.0]}}}],
+                "thresholds": [{"key": "min_line_rate", "metric": "line_rate_pct", "limit": 80.0, "at_least": true,
+                    "size": 65536, "rail": 1, "value": 60.0, "pass": false}],
+                "rails": [rail(0, 190.0, None), rail(1, 110.0, None), rail(2, 0.0, Some("retry exceeded"))]}]
+        });
+        let text = format!("RDMABENCH_RESULT {{\"pod\":1,\"peer\":0,\"node\":\"gpu-7\",\"exit\":1,\"run\":{run}}}");
+        let rows = links(&parse(text.as_bytes()).unwrap(), None);
+        let ranked: Vec<u32> = ranked_rails(&rows).iter().map(|r| r.rail).collect();
+        assert_eq!(ranked, [2, 1, 0], "failed rails first (the errored one, then the slow one), then the fast one");
+        let mut out = Vec::new();
+        print(&rows, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("1 link(s), 1 failed; 3 rail(s), 2 failed"), "{text}");
+        assert!(
+            text.contains("gpu-7") && text.contains("mlx5_1") && text.contains("line_rate_pct on rail 1"),
+            "{text}"
+        );
+        let e = command_on(&rows).unwrap_err();
+        assert!(e.message().contains("rail 1 on gpu-7 (mlx5_1 -> mlx5_1)"), "{}", e.message());
     }
 
     #[test]
