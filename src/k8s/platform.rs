@@ -191,6 +191,29 @@ pub fn check_nics(mode: &Mode, nics: u32, machine_nics: Option<u32>) -> Result<O
     Ok(None)
 }
 
+/// Thresholds a rendered Job runs its workload with on this platform, unless `--param`
+/// says otherwise (only those the workload declares apply). The workload files' own
+/// values only ask "does it work" in the soft-RoCE lab; these ask whether a real rail
+/// performs: bandwidth relative to each port's active rate, so one Job fits a 25 Gb/s and a
+/// 400 Gb/s NIC. Both platforms run RoCE v2 on ConnectX-class NICs, hence one set of values.
+pub fn default_params(platform: Platform) -> &'static [(&'static str, f64, &'static str)] {
+    const ROCE: &[(&str, f64, &str)] = &[
+        (
+            "min_line_rate_pct",
+            80.0,
+            "each rail's WRITE, READ and SEND bandwidth at 64 KiB, % of its port's active rate",
+        ),
+        ("max_rail_spread_pct", 10.0, "the slowest rail at most this % below the fastest (bandwidth; p50 for latency)"),
+        ("max_write_p50_us", 10.0, "one-way WRITE latency p50 at 2 B, us (RoCE v2 across one switch: 2-5 us)"),
+        ("max_write_p99_us", 50.0, "its p99, us"),
+        ("max_read_p50_us", 15.0, "READ round trip p50 at 2 B, us"),
+        ("max_send_p50_us", 10.0, "one-way SEND latency p50 at 2 B, us"),
+    ];
+    match platform {
+        Platform::Vke | Platform::Ack => ROCE,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,28 +240,5 @@ mod tests {
         assert!(check_nics(excl, 9, Some(8)).is_err());
         let ack = find(Platform::Ack, "shared-hostnet").unwrap();
         assert_eq!(check_nics(ack, 3, Some(8)), Ok(None), "ACK requests rdma/hca: 1 whatever the count");
-    }
-}
-
-/// Thresholds a rendered Job runs its workload with on this platform, unless `--param`
-/// says otherwise (only those the workload declares apply). The workload files' own
-/// values only ask "does it work" in the soft-RoCE lab; these ask whether a real rail
-/// performs: bandwidth relative to each port's active rate, so one Job fits a 25 Gb/s and a
-/// 400 Gb/s NIC. Both platforms run RoCE v2 on ConnectX-class NICs, hence one set of values.
-pub fn default_params(platform: Platform) -> &'static [(&'static str, f64, &'static str)] {
-    const ROCE: &[(&str, f64, &str)] = &[
-        (
-            "min_line_rate_pct",
-            80.0,
-            "each rail's WRITE, READ and SEND bandwidth at 64 KiB, % of its port's active rate",
-        ),
-        ("max_rail_spread_pct", 10.0, "the slowest rail at most this % below the fastest (bandwidth; p50 for latency)"),
-        ("max_write_p50_us", 10.0, "one-way WRITE latency p50 at 2 B, us (RoCE v2 across one switch: 2-5 us)"),
-        ("max_write_p99_us", 50.0, "its p99, us"),
-        ("max_read_p50_us", 15.0, "READ round trip p50 at 2 B, us"),
-        ("max_send_p50_us", 10.0, "one-way SEND latency p50 at 2 B, us"),
-    ];
-    match platform {
-        Platform::Vke | Platform::Ack => ROCE,
     }
 }
