@@ -1107,3 +1107,271 @@ fn lab_ring_exact_free_space_fits_and_a_larger_record_is_refused() {
     p.finish().unwrap();
     assert_eq!(consumer.join().unwrap(), vec![(max, 0xa5), (max, 0x5a)]);
 }
+
+// ---- Several NICs per side: `lab/run --nics 2` (rxea0/rxea1 - cables - rxeb0/rxeb1) ----
+// lab/test runs the tests named lab_rails_* in a guest of their own with two cables.
+
+/// Where the rails' servers listen: the far end of cable 0 (any local address would do).
+const RAILS_SERVER: &str = "10.90.1.1";
+const CLIENT_RAILS: &str = "rxea0,rxea1";
+const SERVER_RAILS: &str = "rxeb0,rxeb1";
+
+/// A server on the `b` ends and a client on the `a` ends of both cables, the client
+/// started through `client_wrap` (a pod's view, say) when given.
+fn rails_pair_in(test: &str, client_extra: &[&str], server_extra: &[&str], client_wrap: Option<&[&str]>) -> (Out, Out) {
+    let port = next_port();
+    let mut sargs = vec![test, "-p", &port, "--connect-timeout", "30", "--timeout", "5"];
+    sargs.extend_from_slice(server_extra);
+    let server = spawn(&sargs);
+    let mut cargs = vec![test, "-p", &port, "--connect-timeout", "30", "--timeout", "5"];
+    cargs.extend_from_slice(client_extra);
+    cargs.push(RAILS_SERVER);
+    let client = match client_wrap {
+        Some(wrap) => {
+            let mut cmd = Command::new(wrap[0]);
+            cmd.args(&wrap[1..]).arg(BIN).args(&cargs).stdout(Stdio::piped()).stderr(Stdio::piped());
+            finish(cmd.spawn().expect("start the wrapped client"), Duration::from_secs(180))
+        }
+        None => finish(spawn(&cargs), Duration::from_secs(180)),
+    };
+    let server = finish(server, Duration::from_secs(60));
+    (client, server)
+}
+
+fn rails_pair(test: &str, client_extra: &[&str]) -> (Out, Out) {
+    let mut c = vec!["-d", CLIENT_RAILS];
+    c.extend_from_slice(client_extra);
+    rails_pair_in(test, &c, &["-d", SERVER_RAILS], None)
+}
+
+/// A pod's view of the devices (what a device plugin hands a container): a mount namespace
+/// whose /dev/infiniband holds only the verbs nodes of `devices` (and rdma_cm); sysfs still
+/// shows every device, as in a shared-mode pod. Returns the command prefix to run under it.
+fn pod_view(devices: &[&str]) -> Vec<String> {
+    let script = r#"want=$1; shift
+mkdir -p /run/podview-$$ && mount -t tmpfs podview /run/podview-$$ || exit 97
+for u in /sys/class/infiniband_verbs/uverbs*; do
+  case ",$want," in *",$(cat "$u/ibdev"),"*) cp -a "/dev/infiniband/$(basename "$u")" /run/podview-$$/ ;; esac
+done
+cp -a /dev/infiniband/rdma_cm /run/podview-$$/ 2>/dev/null
+mount --bind /run/podview-$$ /dev/infiniband || exit 98
+exec "$@""#;
+    ["unshare", "-m", "sh", "-c", script, "pod-view", &devices.join(",")].iter().map(|s| s.to_string()).collect()
+}
+
+fn run_in(view: &[String], args: &[&str]) -> Out {
+    let mut cmd = Command::new(&view[0]);
+    cmd.args(&view[1..]).arg(BIN).args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    finish(cmd.spawn().expect("start in the pod view"), Duration::from_secs(60))
+}
+
+/// Takes a cable down for the length of a test, and always brings it back up (and waits
+/// for both ports to be ACTIVE), whatever the test's outcome.
+struct CableDown(u32);
+
+impl CableDown {
+    fn now(cable: u32) -> CableDown {
+        ip_link(cable, "down");
+        CableDown(cable)
+    }
+}
+
+impl Drop for CableDown {
+    fn drop(&mut self) {
+        ip_link(self.0, "up");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for end in ["a", "b"] {
+            let state = format!("/sys/class/infiniband/rxe{end}{}/ports/1/state", self.0);
+            while !std::fs::read_to_string(&state).unwrap_or_default().contains("ACTIVE") && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+fn ip_link(cable: u32, state: &str) {
+    let ok = Command::new("ip").args(["link", "set", &format!("a{cable}"), state]).status().unwrap().success();
+    assert!(ok, "ip link set a{cable} {state}");
+}
+
+fn rail_rows(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| l.starts_with(" 0 ") || l.starts_with(" 1 ") || l.starts_with(" all "))
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn lab_rails_00_two_cables_four_devices() {
+    let out = run(&["devices", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let devs: Value = serde_json::from_str(&out.stdout).unwrap();
+    let mut names: Vec<&str> = devs.as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["rxea0", "rxea1", "rxeb0", "rxeb1"], "lab/run --nics 2 gives four devices on two cables");
+    // Real multi-device checks: one GID index on all four, equal rates, distinct NICs.
+    let v = run(&["validate", "--profile", "generic", "--expect-nics", "4", "--json", "-"]);
+    assert_eq!(v.code, 0, "{}\n{}", v.stdout, v.stderr);
+    let doc: Value = serde_json::from_str(&v.stdout).unwrap();
+    let check = |id: &str| doc["checks"].as_array().unwrap().iter().find(|c| c["id"] == id).cloned().unwrap();
+    assert_eq!(check("gid-index")["status"], "pass", "{}", check("gid-index"));
+    assert!(check("gid-index")["seen"].as_str().unwrap().contains("index 1 on every device"));
+    assert_eq!(check("rate")["status"], "pass");
+    assert_eq!(doc["gid_index"], 1);
+    // Distinct NICs: the four devices' system image GUIDs (from their netdevs' MACs) differ.
+    let x = run(&["validate", "--profile", "vke-exclusive", "--expect-nics", "4"]);
+    assert!(x.stdout.contains("PASS  exclusive-nic") && x.stdout.contains("its own physical function"), "{}", x.stdout);
+}
+
+#[test]
+fn lab_rails_two_rails_at_once_and_one_after_another_with_per_rail_rows_and_checked_data() {
+    // Bandwidth, every rail at once, data checked where it lands on both rails.
+    let (c, s) =
+        rails_pair("write-bw", &["-n", "1000", "-s", "65536", "--validate-data", "--report-gbits", "--json", "-"]);
+    assert_eq!(c.code, 0, "client:\n{}\n{}\nserver:\n{}", c.stdout, c.stderr, s.stderr);
+    assert_eq!(s.code, 0, "server:\n{}\n{}", s.stdout, s.stderr);
+    let doc = valid_doc(&c.stdout);
+    assert_eq!(doc["rail_mode"], "concurrent");
+    let rails = doc["rails"].as_array().unwrap();
+    assert_eq!(rails.len(), 2);
+    let mut sum = 0.0;
+    for (i, r) in rails.iter().enumerate() {
+        assert_eq!(r["rail"], i);
+        assert_eq!(
+            (r["device"].as_str().unwrap(), r["peer_device"].as_str().unwrap()),
+            (["rxea0", "rxea1"][i], ["rxeb0", "rxeb1"][i])
+        );
+        assert_eq!(r["environment"]["gid_index"], 1);
+        let res = &r["results"][0];
+        assert_eq!((res["iterations"].as_u64(), res["data_validated"].as_bool()), (Some(1000), Some(true)), "{r}");
+        sum += res["bandwidth"]["avg_bytes_per_sec"].as_f64().unwrap();
+        assert!(r.get("error").is_none(), "{r}");
+    }
+    let total = &doc["results"][0];
+    assert_eq!(total["iterations"], 2000, "the aggregate counts both rails");
+    let avg = total["bandwidth"]["avg_bytes_per_sec"].as_f64().unwrap();
+    assert!(avg > 0.5 * sum && avg <= 1.01 * sum, "aggregate {avg} vs the rails' sum {sum}");
+    let rows = rail_rows(&c.stderr); // the table goes to stderr with --json -
+    assert_eq!(rows.len(), 3, "rows for rail 0, rail 1 and all:\n{}", c.stderr);
+    assert!(c.stderr.contains(" rail 0: rxea0") && c.stderr.contains("-> rxeb1"), "{}", c.stderr);
+    assert_eq!(rail_rows(&s.stdout).len(), 3, "the server prints the same rows:\n{}", s.stdout);
+
+    // Latency, one rail after another: each rail's samples, and all of them merged.
+    let (c, s) = rails_pair("write-lat", &["--rails", "sequential", "-n", "300", "--json", "-"]);
+    assert_eq!((c.code, s.code), (0, 0), "{}\n{}", c.stderr, s.stderr);
+    let doc = valid_doc(&c.stdout);
+    assert_eq!(doc["rail_mode"], "sequential");
+    for r in doc["rails"].as_array().unwrap() {
+        assert_eq!(r["results"][0]["latency"]["samples"], 300, "{r}");
+    }
+    assert_eq!(doc["results"][0]["latency"]["samples"], 600);
+    assert!(c.stderr.contains("rails ran one after another"), "{}", c.stderr);
+
+    // Send with checked data, one rail after another, several QPs per rail.
+    let (c, s) = rails_pair("send-bw", &["--rails", "sequential", "-n", "400", "-q", "2", "--validate-data"]);
+    assert_eq!((c.code, s.code), (0, 0), "{}\n{}", c.stderr, s.stderr);
+    assert_eq!(rail_rows(&c.stdout).len(), 3, "{}", c.stdout);
+}
+
+#[test]
+fn lab_rails_a_cable_down_before_the_run_fails_naming_the_rail_with_exit_3_and_keeps_the_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = json_file(&dir, "down.json");
+    let (c, s) = {
+        let _down = CableDown::now(1);
+        rails_pair("write-bw", &["-n", "300", "--json", &json])
+    };
+    assert_eq!(c.code, 3, "client:\n{}\n{}", c.stdout, c.stderr);
+    assert!(c.stderr.contains("rail 1 (rxea1 -> rxeb1)") && c.stderr.contains("DOWN"), "{}", c.stderr);
+    assert_ne!(s.code, 0, "the server's rail 1 fails too:\n{}", s.stderr);
+    assert!(s.stderr.contains("rail 1"), "{}", s.stderr);
+    let doc = valid_doc(&std::fs::read_to_string(&json).unwrap());
+    assert_eq!(doc["rails"][0]["results"][0]["iterations"], 300, "rail 0 measured: {doc}");
+    assert!(doc["rails"][1]["error"].as_str().unwrap().contains("DOWN"), "{doc}");
+    assert!(c.stdout.contains(" rail 1 (rxea1 -> rxeb1): failed"), "{}", c.stdout);
+}
+
+#[test]
+fn lab_rails_a_cable_down_during_the_run_fails_naming_the_rail_with_exit_4_and_keeps_the_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = json_file(&dir, "during.json");
+    let port = next_port();
+    let server = spawn(&["write-bw", "-p", &port, "--connect-timeout", "30", "--timeout", "5", "-d", SERVER_RAILS]);
+    let client = spawn(&[
+        "write-bw",
+        "-p",
+        &port,
+        "--connect-timeout",
+        "30",
+        "--timeout",
+        "5",
+        "-d",
+        CLIENT_RAILS,
+        "-D",
+        "6",
+        "-s",
+        "4096",
+        "--json",
+        &json,
+        RAILS_SERVER,
+    ]);
+    std::thread::sleep(Duration::from_secs(3));
+    let (c, s) = {
+        let _down = CableDown::now(1);
+        (finish(client, Duration::from_secs(60)), finish(server, Duration::from_secs(60)))
+    };
+    assert_eq!(c.code, 4, "client:\n{}\n{}", c.stdout, c.stderr);
+    assert!(c.stderr.contains("rail 1 (rxea1 -> rxeb1)") && c.stderr.contains("went down"), "{}", c.stderr);
+    assert_ne!(s.code, 0, "{}", s.stderr);
+    let doc = valid_doc(&std::fs::read_to_string(&json).unwrap());
+    let kept = &doc["rails"][0]["results"][0];
+    assert!(kept["iterations"].as_u64().unwrap() > 0, "rail 0's figures are kept: {doc}");
+    assert!(doc["rails"][1]["error"].as_str().unwrap().contains("went down"), "{doc}");
+    assert_eq!(doc["results"][0]["iterations"], kept["iterations"], "the aggregate is what was measured");
+}
+
+#[test]
+fn lab_rails_a_pod_that_sees_two_of_four_devices() {
+    let pod = pod_view(&["rxea0", "rxea1"]);
+    let v = run_in(&pod, &["validate", "--profile", "vke-shared-multi", "--expect-nics", "2"]);
+    assert_eq!(v.code, 0, "{}\n{}", v.stdout, v.stderr);
+    assert!(v.stdout.contains("2 usable (rxea0, rxea1) of 4 visible"), "sysfs shows all four: {}", v.stdout);
+    assert!(v.stdout.contains("index 1 on every device"), "{}", v.stdout);
+    let v = run_in(&pod, &["validate", "--profile", "vke-shared-multi", "--expect-nics", "3"]);
+    assert_eq!(v.code, 1, "{}", v.stdout);
+    assert!(v.stdout.contains("FAIL  usable-devices") && v.stdout.contains("exactly 3"), "{}", v.stdout);
+    let exclusive = run_in(&pod, &["validate", "--profile", "vke-exclusive", "--expect-nics", "2"]);
+    assert!(exclusive.stdout.contains("PASS  exclusive-nic"), "two distinct NICs: {}", exclusive.stdout);
+    let env = run_in(&pod, &["nccl-env"]);
+    assert_eq!(env.code, 0, "{}", env.stderr);
+    assert_eq!(env.stdout, "export NCCL_IB_HCA=rxea0:1,rxea1:1\nexport NCCL_IB_GID_INDEX=1\n");
+    assert!(env.stderr.contains("skipped rxeb0, rxeb1"), "{}", env.stderr);
+    // -d all in the pod measures exactly its two devices.
+    let wrap: Vec<&str> = pod.iter().map(String::as_str).collect();
+    let (c, s) =
+        rails_pair_in("write-bw", &["-d", "all", "-n", "300", "--json", "-"], &["-d", SERVER_RAILS], Some(&wrap));
+    assert_eq!((c.code, s.code), (0, 0), "{}\n{}", c.stderr, s.stderr);
+    let doc = valid_doc(&c.stdout);
+    let devices: Vec<&str> = doc["rails"].as_array().unwrap().iter().map(|r| r["device"].as_str().unwrap()).collect();
+    assert_eq!(devices, ["rxea0", "rxea1"]);
+}
+
+#[test]
+fn lab_rails_bad_device_lists_are_refused_before_any_traffic() {
+    let twice = run(&["write-bw", "-d", "rxea0,rxea0", RAILS_SERVER]);
+    assert_eq!(twice.code, 2, "{}", twice.stderr);
+    assert!(twice.stderr.contains("rxea0 is named twice"), "{}", twice.stderr);
+    let unknown = run(&["write-bw", "-d", "rxea0,mlx5_9", RAILS_SERVER]);
+    assert_eq!(unknown.code, 3, "{}", unknown.stderr);
+    assert!(unknown.stderr.contains("no RDMA device named mlx5_9; this process can open: rxea0"), "{}", unknown.stderr);
+    // A server with fewer rails than its client: both sides say what each has.
+    let (c, s) = rails_pair_in("write-bw", &["-d", CLIENT_RAILS, "-n", "100"], &["-d", "rxeb0"], None);
+    for (side, out) in [("client", &c), ("server", &s)] {
+        assert_eq!(out.code, 2, "{side}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("the client has 2 rails (rxea0, rxea1) but this server has 1 (rxeb0)"),
+            "{side}: {}",
+            out.stderr
+        );
+    }
+}
