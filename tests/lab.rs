@@ -1342,6 +1342,10 @@ fn lab_rails_a_pod_that_sees_two_of_four_devices() {
     assert!(v.stdout.contains("FAIL  usable-devices") && v.stdout.contains("exactly 3"), "{}", v.stdout);
     let exclusive = run_in(&pod, &["validate", "--profile", "vke-exclusive", "--expect-nics", "2"]);
     assert!(exclusive.stdout.contains("PASS  exclusive-nic"), "two distinct NICs: {}", exclusive.stdout);
+    // A pod whose devices are not the first in sysfs registers memory on its own.
+    let other = run_in(&pod_view(&["rxeb0", "rxeb1"]), &["validate", "--profile", "generic", "--expect-nics", "2"]);
+    assert_eq!(other.code, 0, "{}\n{}", other.stdout, other.stderr);
+    assert!(other.stdout.contains("PASS  register-memory   rxeb0"), "{}", other.stdout);
     let env = run_in(&pod, &["nccl-env"]);
     assert_eq!(env.code, 0, "{}", env.stderr);
     assert_eq!(env.stdout, "export NCCL_IB_HCA=rxea0:1,rxea1:1\nexport NCCL_IB_GID_INDEX=1\n");
@@ -1374,4 +1378,127 @@ fn lab_rails_bad_device_lists_are_refused_before_any_traffic() {
             out.stderr
         );
     }
+}
+
+/// The rendered pod script of a two-NIC VKE exclusive Job, run as its two pods, each in a
+/// pod's view of its own two devices: validate counts them, every rail is measured rail to
+/// rail, and `summarize` names and ranks the rails.
+#[test]
+fn lab_rails_a_two_nic_job_measures_both_rails_pod_to_pod() {
+    let render =
+        run(&["k8s", "render", "--platform", "vke", "--mode", "exclusive", "--nics", "2", "--workload", "smoke"]);
+    assert_eq!(render.code, 0, "{}", render.stderr);
+    let job: Value =
+        render.stdout.split("\n---\n").map(|d| serde_norway::from_str::<Value>(d).unwrap()).nth(1).unwrap();
+    let container = &job["spec"]["template"]["spec"]["containers"][0];
+    let script = container["command"][2].as_str().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let base = next_port();
+    next_port();
+    let bin_dir = std::path::Path::new(BIN).parent().unwrap().display().to_string();
+    let pods: Vec<Child> = [["rxeb0", "rxeb1"], ["rxea0", "rxea1"]]
+        .iter()
+        .enumerate()
+        .map(|(i, devices)| {
+            let view = pod_view(devices);
+            let mut cmd = Command::new(&view[0]);
+            cmd.args(&view[1..]).args(["/bin/sh", "-c", &script]);
+            for e in container["env"].as_array().unwrap() {
+                cmd.env(e["name"].as_str().unwrap(), e["value"].as_str().unwrap());
+            }
+            // What differs from a cluster: the workloads are the repository's, the peer is
+            // this host, and the rails run one after another: both pods share this guest's
+            // two vCPUs, and four busy-polling latency loops at once on two CPUs measure the
+            // scheduler (milliseconds), not the rails. (lab_rails_two_rails_* runs them at once.)
+            cmd.env("JOB_COMPLETION_INDEX", i.to_string())
+                .env("RDMABENCH_RAILS", "sequential")
+                .env("RDMABENCH_WORKLOADS", format!("{}/workloads", env!("CARGO_MANIFEST_DIR")))
+                .env("RDMABENCH_PEER_ADDR", RAILS_SERVER)
+                .env("RDMABENCH_PORT", &base)
+                .env("RDMABENCH_TERMINATION_LOG", dir.path().join(format!("term-{i}")))
+                .env("PATH", format!("{bin_dir}:{}", std::env::var("PATH").unwrap_or_default()))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            cmd.spawn().expect("start a pod script")
+        })
+        .collect();
+    let outs: Vec<Out> = pods.into_iter().map(|p| finish(p, Duration::from_secs(300))).collect();
+    for (i, o) in outs.iter().enumerate() {
+        assert_eq!(o.code, 0, "pod {i}:\n{}\n{}", o.stdout, o.stderr);
+        assert!(o.stdout.contains("2 usable") && o.stdout.contains("exactly 2 (--expect-nics)"), "{}", o.stdout);
+    }
+    let client = &outs[1].stdout;
+    assert!(
+        client.contains(" rail 0: rxea0") && client.contains(" rail 1: rxea1") && client.contains("-> rxeb1"),
+        "{client}"
+    );
+    assert!(client.contains("threshold min_gbps: gbps on rail 1"), "every rail is judged: {client}");
+    let log = dir.path().join("pods.log");
+    std::fs::write(&log, format!("{}\n{}", outs[0].stdout, outs[1].stdout)).unwrap();
+    let s = run(&["summarize", log.to_str().unwrap()]);
+    assert_eq!(s.code, 0, "{}\n{}", s.stdout, s.stderr);
+    assert!(s.stdout.contains("rails, failing and slowest first"), "{}", s.stdout);
+    assert!(s.stdout.contains("1 link(s), 0 failed; 2 rail(s), 0 failed"), "{}", s.stdout);
+    for (dev, peer) in [("rxea0", "rxeb0"), ("rxea1", "rxeb1")] {
+        let row = s.stdout.lines().find(|l| l.contains(dev)).unwrap_or_else(|| panic!("{dev}: {}", s.stdout));
+        assert!(row.contains(peer) && row.ends_with("ok"), "{row}");
+    }
+}
+
+/// A workload's thresholds on two rails: each rail judged, the spread between them and
+/// each rail's share of its port's rate; a spread no real pair of rails meets fails and
+/// names both.
+#[test]
+fn lab_rails_workload_thresholds_judge_every_rail_the_spread_and_the_line_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let workload = dir.path().join("rails.toml");
+    std::fs::write(
+        &workload,
+        r#"name = "rails"
+[params]
+spread = 95.0
+[[step]]
+name = "write bandwidth"
+test = "write-bw"
+size = 65536
+iterations = 400
+[step.thresholds]
+min_gbps = 0.001
+min_line_rate = "0.01%"
+max_rail_spread = "$spread"
+"#,
+    )
+    .unwrap();
+    let run_rails = |extra: &[&str]| {
+        let port = next_port();
+        let server = spawn(&["run", "--serve", "-d", SERVER_RAILS, "-p", &port, "--connect-timeout", "30"]);
+        let json = json_file(&dir, "run.json");
+        let mut args = vec!["run", workload.to_str().unwrap(), "--peer", RAILS_SERVER, "-p", &port, "-d", CLIENT_RAILS];
+        args.extend_from_slice(&["--json", &json]);
+        args.extend_from_slice(extra);
+        let c = finish(spawn(&args), Duration::from_secs(120));
+        let s = finish(server, Duration::from_secs(60));
+        assert_eq!(s.code, 0, "{}", s.stderr);
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        (c, doc)
+    };
+    let (c, doc) = run_rails(&[]);
+    assert_eq!(c.code, 0, "{}\n{}", c.stdout, c.stderr);
+    let step = &doc["steps"][0];
+    assert_eq!(step["rails"].as_array().unwrap().len(), 2, "{step}");
+    let verdicts = step["thresholds"].as_array().unwrap();
+    for rail in [0, 1] {
+        for key in ["min_gbps", "min_line_rate"] {
+            assert!(verdicts.iter().any(|v| v["key"] == key && v["rail"] == rail && v["pass"] == true), "{key} {rail}");
+        }
+    }
+    let spread = verdicts.iter().find(|v| v["key"] == "max_rail_spread").unwrap();
+    assert!(spread.get("rail").is_none() && spread["detail"].as_str().unwrap().contains("slowest rail"), "{spread}");
+    let (c, _) = run_rails(&["--param", "spread=0.0001"]);
+    assert_eq!(c.code, 1, "{}", c.stdout);
+    assert!(
+        c.stdout.contains("threshold max_rail_spread: rail_spread_pct at 65536 B") && c.stdout.contains("FAIL"),
+        "{}",
+        c.stdout
+    );
 }

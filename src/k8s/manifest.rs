@@ -98,7 +98,8 @@ fn env(name: &str, value: impl Into<String>) -> EnvVar {
 /// one `RDMABENCH_RESULT {...}` log line, a summary as the termination message, and the
 /// exit code of the step that failed. Every rail the plugin gave is measured, rail i of
 /// this pod against rail i of its peer (`RDMABENCH_DEVICES`: `all`, the devices this pod
-/// can open, the ones `validate` just counted). Pod `i` listens on `RDMABENCH_PORT + i`, so pods of
+/// can open, the ones `validate` just counted), all at once as NCCL drives them
+/// (`RDMABENCH_RAILS`: `concurrent`; `sequential` isolates each rail). Pod `i` listens on `RDMABENCH_PORT + i`, so pods of
 /// a hostNetwork fleet that share a node do not collide. Two knobs exist for running the
 /// script outside Kubernetes (the lab runs it as three processes on one host):
 /// `RDMABENCH_PEER_ADDR` (one address for every peer) and `RDMABENCH_TERMINATION_LOG`.
@@ -122,8 +123,8 @@ if [ "$serve" = yes ]; then
 fi
 rdmabench run "$RDMABENCH_WORKLOADS/$RDMABENCH_WORKLOAD.toml" \
   --peer "${RDMABENCH_PEER_ADDR:-$RDMABENCH_JOB-$peer.$RDMABENCH_SERVICE}" \
-  -d "$RDMABENCH_DEVICES" -p $((RDMABENCH_PORT + peer)) --connect-timeout 900 --json "$tmp/run.json" \
-  ${RDMABENCH_RUN_ARGS:-}
+  -d "$RDMABENCH_DEVICES" --rails "$RDMABENCH_RAILS" -p $((RDMABENCH_PORT + peer)) --connect-timeout 900 \
+  --json "$tmp/run.json" ${RDMABENCH_RUN_ARGS:-}
 rc=$?
 run=null; [ -s "$tmp/run.json" ] && run=$(tr -d '\n' < "$tmp/run.json")
 echo "RDMABENCH_RESULT {\"pod\":$i,\"peer\":$peer,\"node\":\"$(hostname)\",\"exit\":$rc,\"run\":$run}"
@@ -172,6 +173,7 @@ fn container(p: &JobParams) -> Container {
             env("RDMABENCH_WORKLOADS", WORKLOADS_DIR),
             env("RDMABENCH_PORT", p.port.to_string()),
             env("RDMABENCH_DEVICES", "all"),
+            env("RDMABENCH_RAILS", "concurrent"),
             env(
                 "RDMABENCH_RUN_ARGS",
                 p.params.iter().map(|(k, v)| format!("--param {k}={v}")).collect::<Vec<_>>().join(" "),

@@ -33,12 +33,15 @@ pub struct Request {
     pub junit: Option<String>,
 }
 
-/// Registers `--mr-size` bytes on the first usable device: only on the live system.
+/// Registers `--mr-size` bytes on the first usable device (one whose verbs node this
+/// process has: a pod sees every device in sysfs but only its own nodes): only on the live
+/// system.
 fn register(tree: &Tree, mr_size: u64) -> Registration {
     if !tree.is_live() {
         return Registration::Skipped("a fixture tree (--sysfs-root/--proc-root): nothing to register on".into());
     }
-    let device = tree.rdma_devices().into_iter().find(|d| d.uverbs.is_some());
+    let device =
+        tree.rdma_devices().into_iter().find(|d| d.uverbs.as_deref().is_some_and(|u| tree.char_device_present(u)));
     let Some(device) = device else {
         return Registration::Skipped("no usable device to register on".into());
     };
