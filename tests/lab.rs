@@ -914,31 +914,16 @@ fn lab_fleet_ring_of_three_pods_summarized() {
         render.stdout.split("\n---\n").map(|d| serde_norway::from_str::<Value>(d).unwrap()).nth(1).unwrap();
     assert_eq!(job["spec"]["completions"], 3);
     let container = &job["spec"]["template"]["spec"]["containers"][0];
-    let script = container["command"][2].as_str().unwrap().to_string();
     let dir = tempfile::tempdir().unwrap();
     // Three consecutive ports: pod i listens on RDMABENCH_PORT + i.
     let base = next_port();
     next_port();
     next_port();
-    let bin_dir = std::path::Path::new(BIN).parent().unwrap().display().to_string();
     let pods: Vec<Child> = (0..3)
         .map(|i| {
-            let mut cmd = Command::new("/bin/sh");
-            cmd.args(["-c", &script]);
-            for e in container["env"].as_array().unwrap() {
-                cmd.env(e["name"].as_str().unwrap(), e["value"].as_str().unwrap());
-            }
-            // What differs from a cluster: the lab's device is rxe (the generic profile),
-            // the workloads are the repository's, and every peer is this host.
-            cmd.env("JOB_COMPLETION_INDEX", i.to_string())
-                .env("RDMABENCH_PROFILE", "generic")
-                .env("RDMABENCH_WORKLOADS", format!("{}/workloads", env!("CARGO_MANIFEST_DIR")))
-                .env("RDMABENCH_PEER_ADDR", server_addr())
-                .env("RDMABENCH_PORT", &base)
-                .env("RDMABENCH_TERMINATION_LOG", dir.path().join(format!("term-{i}")))
-                .env("PATH", format!("{bin_dir}:{}", std::env::var("PATH").unwrap_or_default()))
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
+            let mut cmd = pod(&[], container, i, &base, dir.path());
+            // Also unlike a cluster: the lab's device is rxe (the generic profile).
+            cmd.env("RDMABENCH_PROFILE", "generic").env("RDMABENCH_PEER_ADDR", server_addr());
             cmd.spawn().expect("start a pod script")
         })
         .collect();
@@ -1380,6 +1365,34 @@ fn lab_rails_bad_device_lists_are_refused_before_any_traffic() {
     }
 }
 
+/// Pod `i` of a rendered Job's `container`: its script with its environment, run under
+/// `wrap` (a pod's device view, or nothing). What differs from a cluster: the workloads
+/// are the repository's and the termination message goes to `dir`; every peer is this host.
+fn pod(wrap: &[String], container: &Value, i: usize, base_port: &str, dir: &std::path::Path) -> Command {
+    let script = container["command"][2].as_str().unwrap();
+    let mut cmd = match wrap.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg("/bin/sh");
+            c
+        }
+        None => Command::new("/bin/sh"),
+    };
+    cmd.args(["-c", script]);
+    for e in container["env"].as_array().unwrap() {
+        cmd.env(e["name"].as_str().unwrap(), e["value"].as_str().unwrap());
+    }
+    let bin_dir = std::path::Path::new(BIN).parent().unwrap().display().to_string();
+    cmd.env("JOB_COMPLETION_INDEX", i.to_string())
+        .env("RDMABENCH_WORKLOADS", format!("{}/workloads", env!("CARGO_MANIFEST_DIR")))
+        .env("RDMABENCH_PORT", base_port)
+        .env("RDMABENCH_TERMINATION_LOG", dir.join(format!("term-{i}")))
+        .env("PATH", format!("{bin_dir}:{}", std::env::var("PATH").unwrap_or_default()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
 /// The rendered pod script of a two-NIC VKE exclusive Job, run as its two pods, each in a
 /// pod's view of its own two devices: validate counts them, every rail is measured rail to
 /// rail, and `summarize` names and ranks the rails.
@@ -1391,34 +1404,19 @@ fn lab_rails_a_two_nic_job_measures_both_rails_pod_to_pod() {
     let job: Value =
         render.stdout.split("\n---\n").map(|d| serde_norway::from_str::<Value>(d).unwrap()).nth(1).unwrap();
     let container = &job["spec"]["template"]["spec"]["containers"][0];
-    let script = container["command"][2].as_str().unwrap().to_string();
     let dir = tempfile::tempdir().unwrap();
     let base = next_port();
     next_port();
-    let bin_dir = std::path::Path::new(BIN).parent().unwrap().display().to_string();
     let pods: Vec<Child> = [["rxeb0", "rxeb1"], ["rxea0", "rxea1"]]
         .iter()
         .enumerate()
         .map(|(i, devices)| {
-            let view = pod_view(devices);
-            let mut cmd = Command::new(&view[0]);
-            cmd.args(&view[1..]).args(["/bin/sh", "-c", &script]);
-            for e in container["env"].as_array().unwrap() {
-                cmd.env(e["name"].as_str().unwrap(), e["value"].as_str().unwrap());
-            }
-            // What differs from a cluster: the workloads are the repository's, the peer is
-            // this host, and the rails run one after another: both pods share this guest's
-            // two vCPUs, and four busy-polling latency loops at once on two CPUs measure the
-            // scheduler (milliseconds), not the rails. (lab_rails_two_rails_* runs them at once.)
-            cmd.env("JOB_COMPLETION_INDEX", i.to_string())
-                .env("RDMABENCH_RAILS", "sequential")
-                .env("RDMABENCH_WORKLOADS", format!("{}/workloads", env!("CARGO_MANIFEST_DIR")))
-                .env("RDMABENCH_PEER_ADDR", RAILS_SERVER)
-                .env("RDMABENCH_PORT", &base)
-                .env("RDMABENCH_TERMINATION_LOG", dir.path().join(format!("term-{i}")))
-                .env("PATH", format!("{bin_dir}:{}", std::env::var("PATH").unwrap_or_default()))
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
+            let mut cmd = pod(&pod_view(devices), container, i, &base, dir.path());
+            // Also unlike a cluster: the rails run one after another. Both pods share this
+            // guest's two vCPUs, and four busy-polling latency loops at once on two CPUs
+            // measure the scheduler (milliseconds), not the rails (lab_rails_two_rails_* runs
+            // them at once).
+            cmd.env("RDMABENCH_RAILS", "sequential").env("RDMABENCH_PEER_ADDR", RAILS_SERVER);
             cmd.spawn().expect("start a pod script")
         })
         .collect();

@@ -527,9 +527,9 @@ fn serve(
         writeln!(out, " note: the client has {n} rails: this server's {} stay idle", ours[n..].join(", "))
             .map_err(io_err)?;
     }
-    let cpus = cpu_plan(&ours, 1);
     let clock = Clock::new();
     let seen = Mutex::new(vec![false; n]);
+    let server = RailServer { opts, ours: &ours, theirs: &theirs, seen: &seen, clock: &clock };
     let outcomes: Vec<Result<(RunResult, Environment)>> = std::thread::scope(|scope| {
         let mut handles = Vec::new();
         let mut pending = Some((first, hello));
@@ -550,8 +550,8 @@ fn serve(
                     }
                 }
             };
-            let (ours, theirs, seen, clock, cpus) = (&ours, &theirs, &seen, &clock, &cpus);
-            handles.push(scope.spawn(move || serve_rail(chan, hello, opts, ours, theirs, seen, clock, cpus)));
+            let server = &server;
+            handles.push(scope.spawn(move || server.serve(chan, hello)));
         }
         handles
             .into_iter()
@@ -569,10 +569,12 @@ fn serve(
         }
     }
     // Every rail's report carries the whole run; this side's environments replace the client's.
-    let Some((mut run, env)) = reports.first().cloned() else {
+    let rail0 = reports.iter().find(|(_, e)| Some(&e.peer.device) == theirs.first()).or(reports.first()).cloned();
+    let Some((mut run, env)) = rail0 else {
         return Err(first_error.unwrap_or_else(|| Error::Peer("the client opened no rail".into())));
     };
     run.environment = env;
+    let cpus = cpu_plan(&ours, run.spec.threads);
     for rail in run.rails.iter_mut() {
         let mine = reports.iter().find(|(_, e)| e.peer.device == rail.device).map(|(_, e)| e.clone());
         std::mem::swap(&mut rail.device, &mut rail.peer_device);
@@ -617,120 +619,117 @@ fn print_run(out: &mut dyn Write, run: &RunResult, units: Units, role: &str) -> 
     table::footer(out)
 }
 
-/// One rail of the server: checks the client's hello for it, connects this side's device
-/// of the same index and follows the client size by size; returns the client's report
-/// and this side's environment.
-#[allow(clippy::too_many_arguments)]
-fn serve_rail(
-    chan: Channel,
-    hello: Message,
-    opts: &RunOptions,
-    ours: &[String],
-    theirs: &[String],
-    seen: &Mutex<Vec<bool>>,
-    clock: &Clock,
-    cpus: &[Vec<usize>],
-) -> Result<(RunResult, Environment)> {
-    let index = match &hello {
-        Message::Hello { rail: Some(r), .. } => r.index as usize,
-        _ => 0,
-    };
-    let label = |e: Error| match (theirs.len() > 1, ours.get(index), theirs.get(index)) {
-        (true, Some(mine), Some(peer)) => e.context(&rail_label(index as u32, mine, peer)),
-        (true, _, _) => e.context(&format!("rail {index}")),
-        _ => e,
-    };
-    serve_rail_checked(chan, hello, opts, ours, theirs, seen, clock, cpus).map_err(|e| match ours.get(index) {
-        Some(device) => label(link_loss(e, device, opts.rails.ib_port)),
-        None => label(e),
-    })
+/// What every rail of one served test shares.
+struct RailServer<'a> {
+    opts: &'a RunOptions,
+    /// This side's rails' devices.
+    ours: &'a [String],
+    /// The client's rails' devices, from its first hello.
+    theirs: &'a [String],
+    /// Which of the client's rails have opened their session.
+    seen: &'a Mutex<Vec<bool>>,
+    clock: &'a Clock,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn serve_rail_checked(
-    mut chan: Channel,
-    hello: Message,
-    opts: &RunOptions,
-    ours: &[String],
-    theirs: &[String],
-    seen: &Mutex<Vec<bool>>,
-    clock: &Clock,
-    cpus: &[Vec<usize>],
-) -> Result<(RunResult, Environment)> {
-    let (spec, index) = handshake::answer(&mut chan, &hello, ours, |s, rail| {
-        s.check()?;
-        let (index, devices) = match rail {
-            Some(r) => (r.index as usize, r.devices.clone()),
-            None => (0, ours.iter().take(1).cloned().collect()),
+impl RailServer<'_> {
+    /// One rail of the server: checks the client's hello for it, connects this side's
+    /// device of the same index and follows the client size by size; returns the client's
+    /// report and this side's environment. Errors name the rail when there are several.
+    fn serve(&self, chan: Channel, hello: Message) -> Result<(RunResult, Environment)> {
+        let index = match &hello {
+            Message::Hello { rail: Some(r), .. } => r.index as usize,
+            _ => 0,
         };
-        if devices != theirs && !theirs.is_empty() {
-            return Err(Error::Peer(format!("rail {index} announced rails {devices:?}, the first {theirs:?}")));
-        }
-        crate::spec::rails::pair(ours, &devices)?;
-        let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
-        match seen.get_mut(index) {
-            Some(s) if !*s => *s = true,
-            _ => return Err(Error::Peer(format!("rail {index} is not a rail of this run, or was opened twice"))),
-        }
-        Ok((s.clone(), index))
-    })?;
-    if let Some(&cpu) = cpus[index].first() {
-        cpus::pin(cpu);
+        let label = |e: Error| match (self.theirs.len() > 1, self.ours.get(index), self.theirs.get(index)) {
+            (true, Some(mine), Some(peer)) => e.context(&rail_label(index as u32, mine, peer)),
+            (true, _, _) => e.context(&format!("rail {index}")),
+            _ => e,
+        };
+        self.follow(chan, hello).map_err(|e| match self.ours.get(index) {
+            Some(device) => label(link_loss(e, device, self.opts.rails.ib_port)),
+            None => label(e),
+        })
     }
-    let links = Prepared::new(&spec, &opts.rails.selection(&ours[index])).inspect_err(|e| chan.abort(e))?.connect(
-        Role::Server,
-        &spec,
-        &mut chan,
-    )?;
-    check_sharing(&spec, &links[0].local, &links[0].remote, chan.peer()).inspect_err(|e| chan.abort(e))?;
-    let env = links[0].environment(chan.peer());
-    let my_cpus = &cpus[index];
-    loop {
-        match chan.recv("the next size or the final report")? {
-            Message::Start { size } => {
-                if !spec.sizes.contains(&size) {
-                    let e = Error::Peer(format!("{} asked for size {size}, which is not in its spec", chan.peer()));
-                    chan.abort(&e);
-                    return Err(e);
-                }
-                for link in &links {
-                    latency::prepare(link, &spec, size);
-                }
-                chan.send(&Message::Ready { size })?;
-                let runs: Vec<SizeRun> = links
-                    .iter()
-                    .map(|link| SizeRun {
-                        link,
-                        spec: &spec,
-                        size,
-                        clock,
-                        timeout_ns: opts.timeout_ns(),
-                        cpus: my_cpus,
-                    })
-                    .collect();
-                let (iterations, data_error, reverse) = match Kernel::of(&spec) {
-                    Kernel::Latency => {
-                        let o = latency::server(&runs[0], &mut chan)?;
-                        (o.iterations, o.data_error, None)
-                    }
-                    Kernel::RingLatency => {
-                        let o = ring::latency_server(&runs, &mut chan)?;
-                        (o.iterations, o.data_error, None)
-                    }
-                    Kernel::RingBandwidth => ring::bandwidth_server(&runs[0], &mut chan)?,
-                    Kernel::Bandwidth => bandwidth::server(&runs, &mut chan)?,
-                };
-                chan.send(&Message::Verdict { size, iterations, data_error: data_error.clone(), reverse })?;
-                if let Some(e) = data_error {
-                    return Err(Error::Check(format!("corrupted data from {}: {e}", chan.peer())));
-                }
+
+    fn follow(&self, mut chan: Channel, hello: Message) -> Result<(RunResult, Environment)> {
+        let RailServer { opts, ours, theirs, seen, clock } = *self;
+        let (spec, index) = handshake::answer(&mut chan, &hello, ours, |s, rail| {
+            s.check()?;
+            let (index, devices) = match rail {
+                Some(r) => (r.index as usize, r.devices.clone()),
+                None => (0, ours.iter().take(1).cloned().collect()),
+            };
+            if devices != theirs && !theirs.is_empty() {
+                return Err(Error::Peer(format!("rail {index} announced rails {devices:?}, the first {theirs:?}")));
             }
-            Message::Report(run) => {
-                chan.send(&Message::Bye)?;
-                return Ok((*run, env));
+            crate::spec::rails::pair(ours, &devices)?;
+            let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+            match seen.get_mut(index) {
+                Some(s) if !*s => *s = true,
+                _ => return Err(Error::Peer(format!("rail {index} is not a rail of this run, or was opened twice"))),
             }
-            other => {
-                return Err(Error::Peer(format!("{} sent {} out of order", chan.peer(), other.kind())));
+            Ok((s.clone(), index))
+        })?;
+        // This side's rail threads near its NICs, sized to the client's --threads.
+        let cpus = cpu_plan(ours, spec.threads);
+        if let Some(&cpu) = cpus[index].first() {
+            cpus::pin(cpu);
+        }
+        let links = Prepared::new(&spec, &opts.rails.selection(&ours[index])).inspect_err(|e| chan.abort(e))?.connect(
+            Role::Server,
+            &spec,
+            &mut chan,
+        )?;
+        check_sharing(&spec, &links[0].local, &links[0].remote, chan.peer()).inspect_err(|e| chan.abort(e))?;
+        let env = links[0].environment(chan.peer());
+        let my_cpus = &cpus[index];
+        loop {
+            match chan.recv("the next size or the final report")? {
+                Message::Start { size } => {
+                    if !spec.sizes.contains(&size) {
+                        let e = Error::Peer(format!("{} asked for size {size}, which is not in its spec", chan.peer()));
+                        chan.abort(&e);
+                        return Err(e);
+                    }
+                    for link in &links {
+                        latency::prepare(link, &spec, size);
+                    }
+                    chan.send(&Message::Ready { size })?;
+                    let runs: Vec<SizeRun> = links
+                        .iter()
+                        .map(|link| SizeRun {
+                            link,
+                            spec: &spec,
+                            size,
+                            clock,
+                            timeout_ns: opts.timeout_ns(),
+                            cpus: my_cpus,
+                        })
+                        .collect();
+                    let (iterations, data_error, reverse) = match Kernel::of(&spec) {
+                        Kernel::Latency => {
+                            let o = latency::server(&runs[0], &mut chan)?;
+                            (o.iterations, o.data_error, None)
+                        }
+                        Kernel::RingLatency => {
+                            let o = ring::latency_server(&runs, &mut chan)?;
+                            (o.iterations, o.data_error, None)
+                        }
+                        Kernel::RingBandwidth => ring::bandwidth_server(&runs[0], &mut chan)?,
+                        Kernel::Bandwidth => bandwidth::server(&runs, &mut chan)?,
+                    };
+                    chan.send(&Message::Verdict { size, iterations, data_error: data_error.clone(), reverse })?;
+                    if let Some(e) = data_error {
+                        return Err(Error::Check(format!("corrupted data from {}: {e}", chan.peer())));
+                    }
+                }
+                Message::Report(run) => {
+                    chan.send(&Message::Bye)?;
+                    return Ok((*run, env));
+                }
+                other => {
+                    return Err(Error::Peer(format!("{} sent {} out of order", chan.peer(), other.kind())));
+                }
             }
         }
     }

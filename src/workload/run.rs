@@ -295,7 +295,13 @@ pub fn junit_cases(doc: &RunDocument) -> Vec<junit::Case> {
         });
         for t in &s.thresholds {
             cases.push(junit::Case {
-                name: format!("{}: {} at {} B", s.name, t.threshold.key, t.size),
+                name: format!(
+                    "{}: {}{} at {} B",
+                    s.name,
+                    t.threshold.key,
+                    t.rail.map_or(String::new(), |r| format!(" on rail {r}")),
+                    t.size
+                ),
                 classname: format!("{}.threshold", doc.workload),
                 outcome: if t.pass { junit::Outcome::Passed } else { junit::Outcome::Failed(t.describe()) },
                 output: t.describe(),
