@@ -16,6 +16,10 @@ use crate::stats::{LatencyRecorder, ThroughputSummary};
 
 /// How often a waiting rail looks at signals and keeps its session alive.
 const TICK: Duration = Duration::from_millis(20);
+/// How often the printing thread wakes while it waits for the rails: every rail completes
+/// or fails each step within its own deadlines and says so, so this is only a backstop;
+/// rarely, because a wake-up on a measuring rail's CPU is noise in its samples.
+const PRINTER_TICK: Duration = Duration::from_secs(1);
 
 /// A rail's steps, in order: `PREPARE` (open the device, create QPs), `CONNECT` (session and
 /// QPs connected), then one step per size (`first_size() + k`), then the report.
@@ -153,7 +157,7 @@ impl Conductor {
     pub fn wait_all(&self, step: usize) -> MutexGuard<'_, State> {
         let mut s = self.lock();
         while !s.rails.iter().all(|r| r.error.is_some() || r.done > step) {
-            s = self.changed.wait_timeout(s, TICK).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0);
+            s = self.changed.wait_timeout(s, PRINTER_TICK).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0);
         }
         s
     }
