@@ -86,7 +86,9 @@ fn run(cli: Cli) -> Result<()> {
     if let Some((operation, measure, args)) = cli.command.test() {
         return run_test(operation, measure, args);
     }
-    let out = &mut std::io::stdout().lock();
+    // Not locked for the whole command: a test's tables are printed from a thread of
+    // their own (bench::runner), which would wait forever on a lock held here.
+    let out = &mut std::io::stdout();
     match cli.command {
         Command::Devices { json } => report::devices::print(&verbs::inventory::inventory()?, json, out),
         Command::Validate(args) => validate::validate(&args.request(), out),
