@@ -148,12 +148,17 @@ fn client_run(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<(RunResu
     Ok((run, error))
 }
 
-/// A work request that failed because this side's link went down mid-run is a lost path
-/// (exit 4, like a peer that stopped answering), and says so; other failures stay as they are.
+/// A rail whose link went down mid-run: a work request fails (rxe: a local QP error), or
+/// nothing moves until the deadline. Either way the path is lost (exit 4), and the error
+/// says the port is down; other failures stay as they are.
 fn link_loss(e: Error, device: &str, port: u8) -> Error {
-    let state = inventory::port_state_now(device, port);
-    match (&e, state) {
-        (Error::Check(m), Some(state)) if m.contains("completion status") && state != "ACTIVE" => Error::Peer(format!(
+    let lost = match &e {
+        Error::Check(m) if m.contains("completion status") => Some(m),
+        Error::Peer(m) => Some(m),
+        _ => None,
+    };
+    match (lost, inventory::port_state_now(device, port)) {
+        (Some(m), Some(state)) if state != "ACTIVE" => Error::Peer(format!(
             "{m}: {device} port {port} is now {state}: the link went down during the run; check the cable/netdev \
              (ip link) and `rdma link`"
         )),
