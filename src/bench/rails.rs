@@ -135,8 +135,7 @@ impl Conductor {
     }
 
     /// Waits (keeping the session alive) until the run is published.
-    pub fn wait_report(&self, i: usize, chan: &mut Channel) -> Result<RunResult> {
-        let _ = i;
+    pub fn wait_report(&self, chan: &mut Channel) -> Result<RunResult> {
         loop {
             {
                 let s = self.lock();

@@ -219,7 +219,7 @@ fn client_rail(
         });
     }
     // Every rail's results travel to the server on every rail, once all are in.
-    let run = conductor.wait_report(i, &mut chan)?;
+    let run = conductor.wait_report(&mut chan)?;
     chan.send(&Message::Report(Box::new(run)))?;
     match chan.recv("the server's goodbye")? {
         Message::Bye => Ok(()),
