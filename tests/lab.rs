@@ -442,6 +442,52 @@ fn lab_handshake_hang_or_garbage_ends_with_exit_4_and_a_message() {
     }
 }
 
+/// `run --serve` outlives connections that are not clients: one that closes at once, an
+/// HTTP probe, an oversized frame header, and one that sends only heartbeats (which do not
+/// hold the wait for a hello); then a real workload runs and the server exits 0.
+#[test]
+fn lab_serve_outlives_stray_connections_before_a_hello() {
+    use std::io::Write;
+    let (server, port) = serve_workload();
+    let target = format!("127.0.0.1:{port}");
+    let connect = || {
+        for _ in 0..200 {
+            if let Ok(c) = std::net::TcpStream::connect(&target) {
+                return c;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the server listens on {target}");
+    };
+    drop(connect());
+    connect().write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    connect().write_all(&[0xff, 0xff, 0xff, 0xff]).unwrap();
+    // Heartbeats only, for longer than the server's --timeout (10 s): it gives up on this
+    // connection at its timeout and serves the next.
+    let heartbeat: Vec<u8> = {
+        let json = br#"{"type":"heartbeat"}"#;
+        let mut f = (json.len() as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(json);
+        f
+    };
+    let mut beats = connect();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(12) {
+        if beats.write_all(&heartbeat).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let addr = server_addr();
+    let args = ["run", &workload_path("smoke.toml"), "--peer", &addr, "-p", &port, "--connect-timeout", "30"];
+    let c = finish(spawn(&args), Duration::from_secs(300));
+    assert_eq!(c.code, 0, "{}\n{}", c.stdout, c.stderr);
+    let s = finish(server, Duration::from_secs(60));
+    assert_eq!(s.code, 0, "the server is still serving and ends when the client finishes: {}", s.stderr);
+    assert_eq!(s.stderr.matches("ended before its hello").count(), 4, "each stray connection is logged: {}", s.stderr);
+    assert!(s.stderr.contains("sent nothing for 10.0 s"), "the heartbeat-only one timed out: {}", s.stderr);
+}
+
 /// Every operation x transport combination rxe supports, at a small and a large size:
 /// counts, bytes and data integrity (payloads checked where they land; atomics checked
 /// through the returned values and the final counter).

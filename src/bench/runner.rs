@@ -467,7 +467,7 @@ fn measure_size(
 pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult> {
     let listener = Listener::bind(opts.tcp_port)?;
     let mut chan = listener.accept(opts.connect_timeout, opts.timeout)?;
-    let hello = chan.recv("the client's hello")?;
+    let hello = chan.recv_opening("the client's hello")?;
     serve(&listener, chan, hello, opts, local_test_flags)
 }
 
@@ -478,7 +478,17 @@ pub fn serve_workload(opts: &RunOptions) -> Result<()> {
     let listener = Listener::bind(opts.tcp_port)?;
     loop {
         let mut chan = listener.accept(opts.connect_timeout, opts.timeout)?;
-        match chan.recv("the client's hello")? {
+        // A connection that closes, probes, sends garbage or stays silent before its hello
+        // is not a client: it is logged and the next one awaited.
+        let hello = match chan.recv_opening("the client's hello") {
+            Ok(hello) => hello,
+            Err(e @ Error::Interrupted(_)) => return Err(e),
+            Err(e) => {
+                eprintln!("rdmabench: a connection from {} ended before its hello: {e}; still serving", chan.peer());
+                continue;
+            }
+        };
+        match hello {
             Message::Finish => {
                 chan.send(&Message::Bye)?;
                 return Ok(());
@@ -553,7 +563,7 @@ fn serve(
                 Some(p) => p,
                 None => {
                     let next = listener.accept(opts.connect_timeout, opts.timeout).and_then(|mut c| {
-                        let h = c.recv("the client's hello for its next rail")?;
+                        let h = c.recv_opening("the client's hello for its next rail")?;
                         Ok((c, h))
                     });
                     match next {

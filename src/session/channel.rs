@@ -167,6 +167,16 @@ impl Channel {
     }
 
     pub fn recv_within(&mut self, waiting_for: &str, wait: Duration) -> Result<Message> {
+        self.recv_until(waiting_for, wait, true)
+    }
+
+    /// The first message of a session: heartbeats do not extend the wait, so a connection
+    /// that sends only heartbeats cannot hold a server past the session timeout.
+    pub fn recv_opening(&mut self, waiting_for: &str) -> Result<Message> {
+        self.recv_until(waiting_for, self.timeout, false)
+    }
+
+    fn recv_until(&mut self, waiting_for: &str, wait: Duration, heartbeats_extend: bool) -> Result<Message> {
         if let Some(msg) = self.kept.take() {
             return Ok(msg);
         }
@@ -175,7 +185,9 @@ impl Channel {
             if let Some(msg) = self.take_frame()? {
                 match msg {
                     Message::Heartbeat => {
-                        deadline = Instant::now() + wait;
+                        if heartbeats_extend {
+                            deadline = Instant::now() + wait;
+                        }
                         continue;
                     }
                     other => return self.unless_abort(other),
@@ -282,6 +294,25 @@ impl Channel {
 mod tests {
     use super::*;
     use std::net::TcpListener;
+
+    #[test]
+    fn heartbeats_do_not_hold_the_wait_for_a_sessions_first_message() {
+        let (mut c, mut s) = pair(Duration::from_millis(600));
+        let beats = std::thread::spawn(move || {
+            for _ in 0..20 {
+                if s.write_all(&frame::encode(&Message::Heartbeat).unwrap()).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let t = Instant::now();
+        let e = c.recv_opening("the client's hello").unwrap_err();
+        assert_eq!(e.exit_code(), 4);
+        assert!(t.elapsed() < Duration::from_millis(1500), "ended at the timeout: {:?}", t.elapsed());
+        drop(c);
+        beats.join().unwrap();
+    }
 
     fn pair(timeout: Duration) -> (Channel, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
