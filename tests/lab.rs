@@ -488,6 +488,37 @@ fn lab_serve_outlives_stray_connections_before_a_hello() {
     assert!(s.stderr.contains("sent nothing for 10.0 s"), "the heartbeat-only one timed out: {}", s.stderr);
 }
 
+/// A workload whose serving peer dies mid-run ends with exit 4 (the peer was lost, not a
+/// failed threshold), still writing its document with the steps that ran.
+#[test]
+fn lab_run_whose_peer_dies_exits_4_and_still_writes_its_document() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = json_file(&dir, "lost.json");
+    let workload = json_file(&dir, "long.toml");
+    // A first step far longer than the test waits before killing the server.
+    std::fs::write(
+        &workload,
+        "name = \"long\"\n[[step]]\nname = \"long latency\"\ntest = \"write-lat\"\niterations = 5000000\n\
+         [[step]]\nname = \"bandwidth\"\ntest = \"write-bw\"\n",
+    )
+    .unwrap();
+    let (mut server, port) = serve_workload();
+    let addr = server_addr();
+    let args = ["run", &workload, "--peer", &addr, "-p", &port, "--timeout", "3", "--json", &json];
+    let client = spawn(&args);
+    std::thread::sleep(Duration::from_secs(3));
+    server.kill().unwrap();
+    let _ = server.wait();
+    let c = finish(client, Duration::from_secs(120));
+    assert_eq!(c.code, 4, "{}\n{}", c.stdout, c.stderr);
+    assert!(c.stderr.contains("the peer was lost in step"), "{}", c.stderr);
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["verdict"], "fail");
+    let steps = doc["steps"].as_array().unwrap();
+    assert_eq!(steps[0]["verdict"], "fail", "{doc}");
+    assert!(steps[1]["error"].as_str().unwrap().starts_with("not run: the peer was lost"), "{doc}");
+}
+
 /// Every operation x transport combination rxe supports, at a small and a large size:
 /// counts, bytes and data integrity (payloads checked where they land; atomics checked
 /// through the returned values and the final counter).

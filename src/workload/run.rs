@@ -138,6 +138,15 @@ pub fn client(plan: &Plan, out: &mut dyn Write) -> Result<RunDocument> {
             .map_err(|e| Error::Environment(format!("cannot write {path}: {e}")))?;
     }
     let failed: Vec<&str> = doc.steps.iter().filter(|s| !s.passed()).map(|s| s.name.as_str()).collect();
+    // A lost peer is exit 4 (design.md), whatever else failed: the steps after it never ran.
+    if let Some(lost) = &peer_lost {
+        return Err(Error::Peer(format!(
+            "workload {}: {}; step(s) failed: {}",
+            doc.workload,
+            lost.trim_start_matches("not run: "),
+            failed.join(", ")
+        )));
+    }
     if !failed.is_empty() {
         return Err(Error::Check(format!("workload {}: step(s) failed: {}", doc.workload, failed.join(", "))));
     }
