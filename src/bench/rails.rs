@@ -103,15 +103,21 @@ impl Conductor {
     /// Waits until rail `i` may start `step`: every live rail has finished the step before
     /// it and, one rail at a time, the rails before `i` have finished this one. While it
     /// waits, the rail's session stays alive (`chan` heartbeats).
-    pub fn wait_turn(&self, i: usize, step: usize, mut chan: Option<&mut Channel>) -> Result<()> {
+    pub fn wait_turn(&self, i: usize, step: usize, chan: Option<&mut Channel>) -> Result<()> {
+        self.wait_for(chan, |s| self.may_start(s, i, step).then_some(()))
+    }
+
+    /// Waits until `ready` gives a value, or a stop ends every rail; looks at signals and
+    /// keeps `chan`'s session alive while it waits.
+    fn wait_for<T>(&self, mut chan: Option<&mut Channel>, ready: impl Fn(&State) -> Option<T>) -> Result<T> {
         loop {
             {
                 let s = self.lock();
                 if let Some(e) = &s.stop {
                     return Err(e.clone());
                 }
-                if self.may_start(&s, i, step) {
-                    return Ok(());
+                if let Some(v) = ready(&s) {
+                    return Ok(v);
                 }
                 let _ = self.changed.wait_timeout(s, TICK);
             }
@@ -136,20 +142,7 @@ impl Conductor {
 
     /// Waits (keeping the session alive) until the run is published.
     pub fn wait_report(&self, chan: &mut Channel) -> Result<RunResult> {
-        loop {
-            {
-                let s = self.lock();
-                if let Some(e) = &s.stop {
-                    return Err(e.clone());
-                }
-                if let Some(r) = &s.report {
-                    return Ok(r.clone());
-                }
-                let _ = self.changed.wait_timeout(s, TICK);
-            }
-            signals::check()?;
-            chan.heartbeat_if_due()?;
-        }
+        self.wait_for(Some(chan), |s| s.report.clone())
     }
 
     /// Waits until every rail has finished `step` or failed, and returns the state.

@@ -14,7 +14,7 @@ use crate::report;
 use crate::report::histogram::SizeHistogram;
 use crate::report::json::{self, Document};
 use crate::report::table::{self, Units};
-use crate::report::{Environment, LatencyResult, RunResult, SizeResult, rail_label};
+use crate::report::{Environment, LatencyResult, RailResult, RunResult, SizeResult, rail_label};
 use crate::session::{Channel, Listener, Message, RailHello, handshake};
 use crate::spec::rails::{Devices, RailMode};
 use crate::spec::{Measure, Operation, TestSpec, Transport};
@@ -239,17 +239,8 @@ fn print_as_measured(spec: &TestSpec, opts: &RunOptions, conductor: &Conductor, 
         if let Some(env) = s.rails.iter().find_map(|r| r.environment.as_ref()) {
             table::banner(&mut out, spec, env, "client").map_err(io_err)?;
             if many {
-                for (i, r) in s.rails.iter().enumerate() {
-                    match (&r.environment, &r.error) {
-                        (Some(env), _) => table::rail_legend(&mut out, i as u32, env),
-                        (None, e) => writeln!(
-                            out,
-                            " {}: failed: {}",
-                            rail_label(i as u32, &r.device, &r.peer_device),
-                            e.as_ref().map_or(String::new(), Error::message)
-                        ),
-                    }
-                    .map_err(io_err)?;
+                for r in s.rail_results() {
+                    rail_line(&mut out, &r).map_err(io_err)?;
                 }
             }
             table::header(&mut out, spec, opts.units, opts.cpu_util, many).map_err(io_err)?;
@@ -621,16 +612,21 @@ fn serve(
     }
 }
 
+/// A rail's line above a multi-rail table: its devices and GIDs, or why it never connected.
+fn rail_line(out: &mut dyn Write, r: &RailResult) -> std::io::Result<()> {
+    match &r.environment {
+        Some(env) => table::rail_legend(out, r.rail, env),
+        None => writeln!(out, " {}: failed: {}", r.label(), r.error.as_deref().unwrap_or("")),
+    }
+}
+
 /// The whole table of a finished run, as the server prints it.
 fn print_run(out: &mut dyn Write, run: &RunResult, units: Units, role: &str) -> std::io::Result<()> {
     let spec = &run.spec;
     table::banner(out, spec, &run.environment, role)?;
     let many = !run.rails.is_empty();
     for r in &run.rails {
-        match &r.environment {
-            Some(env) => table::rail_legend(out, r.rail, env)?,
-            None => writeln!(out, " {}: failed: {}", r.label(), r.error.as_deref().unwrap_or(""))?,
-        }
+        rail_line(out, r)?;
     }
     table::header(out, spec, units, run.results.iter().any(|r| r.cpu_util_pct.is_some()), many)?;
     for (k, total) in run.results.iter().enumerate() {
