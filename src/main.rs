@@ -29,11 +29,7 @@ fn run_workload(args: &RunArgs, out: &mut dyn std::io::Write) -> Result<()> {
     let plan = workload::run::Plan {
         workload,
         peer: args.peer.clone().expect("clap requires it without --serve"),
-        rails: opts.rails,
-        tcp_port: opts.tcp_port,
-        connect_timeout: opts.connect_timeout,
-        timeout: opts.timeout,
-        units: opts.units,
+        session: opts,
         json: args.json.clone(),
         junit: args.junit.clone(),
         baseline: args.baseline.clone(),

@@ -5,6 +5,7 @@
 pub mod bandwidth;
 pub mod cpus;
 pub mod latency;
+pub mod memory;
 pub mod pattern;
 pub mod rails;
 pub mod ring;

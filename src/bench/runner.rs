@@ -3,11 +3,13 @@
 //! client's results travel to the server in the final report so its log shows them too.
 
 use std::io::Write;
+use std::net::IpAddr;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::rails::{self, Conductor};
-use crate::bench::{bandwidth, cpus, latency, ring};
+use crate::bench::{bandwidth, cpus, latency, memory, ring};
 use crate::error::{Error, Result};
 use crate::link::{Prepared, Role, SizeRun};
 use crate::report;
@@ -15,6 +17,7 @@ use crate::report::histogram::SizeHistogram;
 use crate::report::json::{self, Document};
 use crate::report::table::{self, Units};
 use crate::report::{Environment, LatencyResult, RailResult, RunResult, SizeResult, rail_label};
+use crate::session::auth::Token;
 use crate::session::{Channel, Listener, Message, RailHello, handshake};
 use crate::spec::rails::{Devices, RailMode};
 use crate::spec::{Measure, Operation, TestSpec, Transport};
@@ -43,9 +46,17 @@ impl RailOptions {
     }
 }
 
+#[derive(Clone)]
 pub struct RunOptions {
     pub rails: RailOptions,
     pub tcp_port: u16,
+    /// The address a server listens on (`--bind`); every address when none.
+    pub bind: Option<IpAddr>,
+    /// The shared secret (`--token-file`, `$RDMABENCH_TOKEN`): a server refuses clients
+    /// without its proof; a client proves it.
+    pub token: Option<Token>,
+    /// Registered memory one test may take on this side (`--max-memory`), all rails together.
+    pub max_memory: u64,
     pub connect_timeout: Duration,
     pub timeout: Duration,
     pub json: Option<String>,
@@ -64,6 +75,16 @@ impl RunOptions {
         } else {
             Box::new(std::io::stdout())
         }
+    }
+
+    /// The output files can be written: checked before anything is measured.
+    fn check_outputs(&self) -> Result<()> {
+        for (path, flag) in [(&self.json, "--json"), (&self.histogram, "--histogram")] {
+            if let Some(path) = path {
+                report::file::check_writable(path, flag)?;
+            }
+        }
+        Ok(())
     }
 
     fn timeout_ns(&self) -> u64 {
@@ -109,7 +130,9 @@ fn client_run(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<(RunResu
     if opts.histogram.is_some() && spec.measure != Measure::Latency {
         return Err(Error::Usage("--histogram applies to latency tests".into()));
     }
+    opts.check_outputs()?;
     let devices = opts.rails.resolve()?;
+    memory::check(spec, devices.len(), opts.max_memory, "this client")?;
     let cpus = cpu_plan(&devices, spec.threads);
     let conductor = Conductor::new(&devices, &cpus, opts.rails.mode);
     let clock = Clock::new();
@@ -190,7 +213,7 @@ fn client_rail(
     conductor.wait_turn(i, rails::CONNECT, None)?;
     let mut chan = Channel::connect(host, opts.tcp_port, opts.connect_timeout, opts.timeout)?;
     let rail = RailHello { index: i as u32, devices: devices.to_vec() };
-    let theirs = handshake::open(&mut chan, spec, Some(rail))?;
+    let theirs = handshake::open(&mut chan, spec, Some(rail), opts.token.as_ref())?;
     conductor.lock().rails[i].peer_device = theirs.get(i).cloned().unwrap_or_default();
     // A rail whose device failed still opens its session, so the server's rail ends
     // at once with the reason instead of waiting for it.
@@ -454,41 +477,61 @@ fn measure_size(
 }
 
 /// Serves one test: learns the spec from the client, follows it on every rail the client
-/// opens (one session each), prints the results.
+/// opens (one session each), prints the results. A connection that is no client, fails
+/// the token or is refused before its test began (a spec this side cannot run, over the
+/// memory budget) is logged and the next one awaited; once a test has connected its QPs,
+/// its outcome is the server's.
 pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult> {
-    let listener = Listener::bind(opts.tcp_port)?;
-    let mut chan = listener.accept(opts.connect_timeout, opts.timeout)?;
-    let hello = chan.recv_opening("the client's hello")?;
-    serve(&listener, chan, hello, opts, local_test_flags)
+    opts.check_outputs()?;
+    let listener = Listener::bind(opts.bind, opts.tcp_port)?;
+    loop {
+        match next_client(&listener, opts)? {
+            None => {}
+            Some((chan, Message::Finish { .. })) => {
+                eprintln!("rdmabench: {} sent a finish: this server runs one test; still serving", chan.peer());
+            }
+            Some((chan, hello)) => match serve(&listener, chan, hello, opts, local_test_flags) {
+                (Err(e), false) if !matches!(e, Error::Interrupted(_)) => {
+                    eprintln!("rdmabench: a session was refused before its test began: {e}; still serving");
+                }
+                (result, _) => return result,
+            },
+        }
+    }
 }
 
-/// Serves every session a workload's client opens (`rdmabench run --serve`), until the
-/// client says it has finished. A failed session is reported and the next awaited: the
-/// client owns the verdict.
+/// Serves every session a workload's client opens (`rdmabench run --serve`), until an
+/// authenticated client says it has finished, or a signal. A failed or hostile session is
+/// logged and the next awaited: the client owns the verdict.
 pub fn serve_workload(opts: &RunOptions) -> Result<()> {
-    let listener = Listener::bind(opts.tcp_port)?;
+    let listener = Listener::bind(opts.bind, opts.tcp_port)?;
     loop {
-        let mut chan = listener.accept(opts.connect_timeout, opts.timeout)?;
-        // A connection that closes, probes, sends garbage or stays silent before its hello
-        // is not a client: it is logged and the next one awaited.
-        let hello = match chan.recv_opening("the client's hello") {
-            Ok(hello) => hello,
-            Err(e @ Error::Interrupted(_)) => return Err(e),
-            Err(e) => {
-                eprintln!("rdmabench: a connection from {} ended before its hello: {e}; still serving", chan.peer());
-                continue;
-            }
-        };
-        match hello {
-            Message::Finish => {
+        match next_client(&listener, opts)? {
+            None => {}
+            Some((mut chan, Message::Finish { .. })) => {
                 chan.send(&Message::Bye)?;
                 return Ok(());
             }
-            hello => match serve(&listener, chan, hello, opts, &[]) {
-                Ok(_) => {}
-                Err(e @ Error::Interrupted(_)) => return Err(e),
-                Err(e) => eprintln!("rdmabench: this session failed: {e}; waiting for the next"),
+            Some((chan, hello)) => match serve(&listener, chan, hello, opts, &[]) {
+                (Err(e @ Error::Interrupted(_)), _) => return Err(e),
+                (Err(e), _) => eprintln!("rdmabench: this session failed: {e}; waiting for the next"),
+                (Ok(_), _) => {}
             },
+        }
+    }
+}
+
+/// The next connection and its first message, once authenticated. A connection that
+/// closes, probes, sends garbage, stays silent or fails the token before its test is not
+/// a client: it is logged with its address and `None` returned.
+fn next_client(listener: &Listener, opts: &RunOptions) -> Result<Option<(Channel, Message)>> {
+    let mut chan = listener.accept(opts.connect_timeout, opts.timeout)?;
+    match handshake::opening(&mut chan, opts.token.as_ref(), "the client's hello") {
+        Ok(msg) => Ok(Some((chan, msg))),
+        Err(e @ Error::Interrupted(_)) => Err(e),
+        Err(e) => {
+            eprintln!("rdmabench: a connection from {} ended before its test: {e}; still serving", chan.peer());
+            Ok(None)
         }
     }
 }
@@ -496,11 +539,7 @@ pub fn serve_workload(opts: &RunOptions) -> Result<()> {
 /// Tells a serving peer that the workload is over, so it exits.
 pub fn finish_workload(host: &str, opts: &RunOptions) -> Result<()> {
     let mut chan = Channel::connect(host, opts.tcp_port, opts.connect_timeout, opts.timeout)?;
-    chan.send(&Message::Finish)?;
-    match chan.recv("the server's goodbye")? {
-        Message::Bye => Ok(()),
-        other => Err(chan.unexpected(&other, "bye")),
-    }
+    handshake::finish(&mut chan, opts.token.as_ref())
 }
 
 /// The rails a client's first hello announces: every device it has, in order.
@@ -514,20 +553,35 @@ fn announced_rails(hello: &Message) -> Vec<String> {
 /// Serves one test on every rail: the first session's hello says how many rails the
 /// client has; the others are accepted on the same port, each checked (a known, unused
 /// rail index and the same rails), and served side by side.
+/// Returns the outcome and whether any rail got as far as connecting its QPs.
 fn serve(
     listener: &Listener,
     mut first: Channel,
     hello: Message,
     opts: &RunOptions,
     local_test_flags: &[&str],
-) -> Result<RunResult> {
+) -> (Result<RunResult>, bool) {
     let ours = match opts.rails.resolve() {
         Ok(d) => d,
         Err(e) => {
             let _ = handshake::answer(&mut first, &hello, &[], |_, _| Err::<(), _>(e.clone()));
-            return Err(e);
+            return (Err(e), false);
         }
     };
+    let connected = AtomicBool::new(false);
+    let result = serve_rails(listener, first, hello, opts, local_test_flags, &ours, &connected);
+    (result, connected.load(Ordering::Relaxed))
+}
+
+fn serve_rails(
+    listener: &Listener,
+    first: Channel,
+    hello: Message,
+    opts: &RunOptions,
+    local_test_flags: &[&str],
+    ours: &[String],
+    connected: &AtomicBool,
+) -> Result<RunResult> {
     let theirs = announced_rails(&hello);
     let n = theirs.len().max(1);
     let mut out = opts.table_out();
@@ -545,26 +599,20 @@ fn serve(
     }
     let clock = Clock::new();
     let seen = Mutex::new(vec![false; n]);
-    let server = RailServer { opts, ours: &ours, theirs: &theirs, seen: &seen, clock: &clock };
+    let server = RailServer { opts, ours, theirs: &theirs, seen: &seen, clock: &clock, connected };
     let outcomes: Vec<Result<(RunResult, Environment)>> = std::thread::scope(|scope| {
         let mut handles = Vec::new();
         let mut pending = Some((first, hello));
         for _ in 0..n {
             let (chan, hello) = match pending.take() {
                 Some(p) => p,
-                None => {
-                    let next = listener.accept(opts.connect_timeout, opts.timeout).and_then(|mut c| {
-                        let h = c.recv_opening("the client's hello for its next rail")?;
-                        Ok((c, h))
-                    });
-                    match next {
-                        Ok(p) => p,
-                        Err(e) => {
-                            handles.push(scope.spawn(move || Err(e)));
-                            break;
-                        }
+                None => match next_rail(listener, opts) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        handles.push(scope.spawn(move || Err(e)));
+                        break;
                     }
-                }
+                },
             };
             let server = &server;
             if n == 1 {
@@ -594,7 +642,7 @@ fn serve(
         return Err(first_error.unwrap_or_else(|| Error::Peer("the client opened no rail".into())));
     };
     run.environment = env;
-    let cpus = cpu_plan(&ours, run.spec.threads);
+    let cpus = cpu_plan(ours, run.spec.threads);
     for rail in run.rails.iter_mut() {
         let mine = reports.iter().find(|(_, e)| e.peer.device == rail.device).map(|(_, e)| e.clone());
         std::mem::swap(&mut rail.device, &mut rail.peer_device);
@@ -609,6 +657,19 @@ fn serve(
     match first_error {
         Some(e) => Err(e),
         None => Ok(run),
+    }
+}
+
+/// The hello of the client's next rail; stray connections meanwhile are logged and skipped.
+fn next_rail(listener: &Listener, opts: &RunOptions) -> Result<(Channel, Message)> {
+    loop {
+        match next_client(listener, opts)? {
+            Some((chan, hello @ Message::Hello { .. })) => return Ok((chan, hello)),
+            Some((chan, other)) => {
+                eprintln!("rdmabench: {} sent a {} while rails were opening; ignored", chan.peer(), other.kind())
+            }
+            None => {}
+        }
     }
 }
 
@@ -654,13 +715,15 @@ struct RailServer<'a> {
     /// Which of the client's rails have opened their session.
     seen: &'a Mutex<Vec<bool>>,
     clock: &'a Clock,
+    /// Set once a rail has connected its QPs: the test has begun.
+    connected: &'a AtomicBool,
 }
 
 impl RailServer<'_> {
     /// One rail of the server: checks the client's hello for it, connects this side's
     /// device of the same index and follows the client size by size; returns the client's
     /// report and this side's environment. Errors name the rail when there are several.
-    fn serve(&self, chan: Channel, hello: Message) -> Result<(RunResult, Environment)> {
+    fn serve(&self, mut chan: Channel, hello: Message) -> Result<(RunResult, Environment)> {
         let index = match &hello {
             Message::Hello { rail: Some(r), .. } => r.index as usize,
             _ => 0,
@@ -670,16 +733,20 @@ impl RailServer<'_> {
             (true, _, _) => e.context(&format!("rail {index}")),
             _ => e,
         };
-        self.follow(chan, hello).map_err(|e| match self.ours.get(index) {
+        // Whatever ended this rail (a signal, an error in a loop, a refusal), the client
+        // hears it; best effort, as the client may be what failed.
+        let outcome = self.follow(&mut chan, hello).inspect_err(|e| chan.abort(e));
+        outcome.map_err(|e| match self.ours.get(index) {
             Some(device) => label(link_loss(e, device, self.opts.rails.ib_port)),
             None => label(e),
         })
     }
 
-    fn follow(&self, mut chan: Channel, hello: Message) -> Result<(RunResult, Environment)> {
-        let RailServer { opts, ours, theirs, seen, clock } = *self;
-        let (spec, index) = handshake::answer(&mut chan, &hello, ours, |s, rail| {
+    fn follow(&self, chan: &mut Channel, hello: Message) -> Result<(RunResult, Environment)> {
+        let RailServer { opts, ours, theirs, seen, clock, connected } = *self;
+        let (spec, index) = handshake::answer(chan, &hello, ours, |s, rail| {
             s.check()?;
+            memory::check(s, theirs.len().max(1), opts.max_memory, "this server")?;
             let (index, devices) = match rail {
                 Some(r) => (r.index as usize, r.devices.clone()),
                 None => (0, ours.iter().take(1).cloned().collect()),
@@ -700,21 +767,19 @@ impl RailServer<'_> {
         if let Some(&cpu) = cpus[index].first() {
             cpus::pin(cpu);
         }
-        let links = Prepared::new(&spec, &opts.rails.selection(&ours[index])).inspect_err(|e| chan.abort(e))?.connect(
-            Role::Server,
-            &spec,
-            &mut chan,
-        )?;
-        check_sharing(&spec, &links[0].local, &links[0].remote, chan.peer()).inspect_err(|e| chan.abort(e))?;
+        let links = Prepared::new(&spec, &opts.rails.selection(&ours[index]))?.connect(Role::Server, &spec, chan)?;
+        connected.store(true, Ordering::Relaxed);
+        check_sharing(&spec, &links[0].local, &links[0].remote, chan.peer())?;
         let env = links[0].environment(chan.peer());
         let my_cpus = &cpus[index];
         loop {
             match chan.recv("the next size or the final report")? {
                 Message::Start { size } => {
                     if !spec.sizes.contains(&size) {
-                        let e = Error::Peer(format!("{} asked for size {size}, which is not in its spec", chan.peer()));
-                        chan.abort(&e);
-                        return Err(e);
+                        return Err(Error::Peer(format!(
+                            "{} asked for size {size}, which is not in its spec",
+                            chan.peer()
+                        )));
                     }
                     for link in &links {
                         latency::prepare(link, &spec, size);
@@ -733,15 +798,15 @@ impl RailServer<'_> {
                         .collect();
                     let (iterations, data_error, reverse) = match Kernel::of(&spec) {
                         Kernel::Latency => {
-                            let o = latency::server(&runs[0], &mut chan)?;
+                            let o = latency::server(&runs[0], chan)?;
                             (o.iterations, o.data_error, None)
                         }
                         Kernel::RingLatency => {
-                            let o = ring::latency_server(&runs, &mut chan)?;
+                            let o = ring::latency_server(&runs, chan)?;
                             (o.iterations, o.data_error, None)
                         }
-                        Kernel::RingBandwidth => ring::bandwidth_server(&runs[0], &mut chan)?,
-                        Kernel::Bandwidth => bandwidth::server(&runs, &mut chan)?,
+                        Kernel::RingBandwidth => ring::bandwidth_server(&runs[0], chan)?,
+                        Kernel::Bandwidth => bandwidth::server(&runs, chan)?,
                     };
                     chan.send(&Message::Verdict { size, iterations, data_error: data_error.clone(), reverse })?;
                     if let Some(e) = data_error {

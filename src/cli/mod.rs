@@ -1,7 +1,8 @@
 //! Command-line definitions. Test flags keep perftest's short letters and meanings, so
 //! `rdmabench write-bw -d mlx5_0 -x 3 -s 65536 HOST` reads like `ib_write_bw`.
 
-use std::path::PathBuf;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub mod docs;
@@ -17,6 +18,7 @@ use crate::k8s::platform::Platform;
 use crate::regress::command::Request as CompareRequest;
 use crate::report::plot::Request as PlotRequest;
 use crate::report::table::Units;
+use crate::session::auth::Token;
 use crate::spec::rails::{Devices, RailMode};
 use crate::spec::{AtomicOp, Field, Measure, Notify, Operation, Options, TestSpec, Transport};
 use crate::units::{parse_bytes, parse_bytes_u32};
@@ -170,6 +172,18 @@ pub struct ConnectionArgs {
     /// Seconds any wait for the peer may last before the peer is declared lost (exit 4).
     #[arg(long = "timeout", default_value_t = 10.0, value_name = "SECS")]
     pub timeout: f64,
+    /// Server: the address to listen on (default: every address, IPv6 and IPv4).
+    #[arg(long = "bind", value_name = "ADDR")]
+    pub bind: Option<IpAddr>,
+    /// File holding the shared secret (at least 16 bytes; else `$RDMABENCH_TOKEN`). A server
+    /// with one refuses clients that cannot prove it; a client proves it. Set one wherever
+    /// the port is reachable by others (a node's network, hostNetwork pods).
+    #[arg(long = "token-file", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    #[arg(long = "max-memory", value_parser = parse_bytes, value_name = "BYTES", help = format!(
+        "Registered memory one test may take on this side, all rails together: a spec needing more is \
+         refused before anything is allocated (default: {})", crate::bench::memory::DEFAULT_DOC))]
+    pub max_memory: Option<u64>,
 }
 
 impl ConnectionArgs {
@@ -183,6 +197,15 @@ impl ConnectionArgs {
                 mode: self.rails,
             },
             tcp_port: self.port,
+            bind: self.bind,
+            token: Token::configured(self.token_file.as_deref())?,
+            max_memory: match self.max_memory {
+                Some(0) => {
+                    return Err(Error::Usage("--max-memory 0 leaves no room for any test; give bytes, e.g. 4G".into()));
+                }
+                Some(m) => m,
+                None => crate::bench::memory::default_budget(Path::new("/proc"), Path::new("/sys")),
+            },
             connect_timeout: seconds("--connect-timeout", self.connect_timeout)?,
             timeout: seconds("--timeout", self.timeout)?,
             json: None,

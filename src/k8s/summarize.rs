@@ -13,6 +13,7 @@ use crate::units::Sig;
 
 /// One pod's line.
 #[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PodResult {
     pub pod: u32,
     pub peer: u32,
@@ -60,14 +61,44 @@ pub struct Rail {
 
 const MARK: &str = "RDMABENCH_RESULT ";
 
-/// Every result line in `text` (anywhere in a line: log prefixes are fine).
+/// Whether `prefix` is what `kubectl logs` may put before a pod's line: nothing, a
+/// `--timestamps` time, a `--prefix` `[pod/NAME/CONTAINER]`. A marker after anything else
+/// is text some program printed (a peer's message quoted in a log), not a result record.
+fn log_prefix(prefix: &str) -> bool {
+    prefix.split_whitespace().all(|t| {
+        (t.starts_with('[') && t.ends_with(']'))
+            || (t.starts_with(|c: char| c.is_ascii_digit()) && t.contains('T') && t.contains(':'))
+    })
+}
+
+/// Every result record in the logs: a line that is the marker and one whole JSON record,
+/// after at most a `kubectl logs` prefix. A marker elsewhere in a line is refused, and so
+/// is a second record for the same (pod, peer): logs collected twice, or a forged line.
 pub fn parse(reader: impl BufRead) -> Result<Vec<PodResult>> {
-    let mut out = Vec::new();
+    let mut out: Vec<PodResult> = Vec::new();
+    let mut seen = std::collections::BTreeMap::new();
     for (n, line) in reader.lines().enumerate() {
         let line = line.map_err(|e| Error::Usage(format!("cannot read the logs: {e}")))?;
         let Some(at) = line.find(MARK) else { continue };
+        if !log_prefix(&line[..at]) {
+            return Err(Error::Usage(format!(
+                "line {}: {MARK}after other text ({:?}): not a result record of a pod; summarize reads `kubectl logs` \
+                 output, optionally with --timestamps or --prefix",
+                n + 1,
+                line[..at].chars().take(60).collect::<String>()
+            )));
+        }
         let r: PodResult = serde_json::from_str(&line[at + MARK.len()..])
             .map_err(|e| Error::Usage(format!("line {}: a malformed {MARK}line: {e}", n + 1)))?;
+        if let Some(first) = seen.insert((r.pod, r.peer), n + 1) {
+            return Err(Error::Usage(format!(
+                "line {}: a second result for pod {} -> pod {} (the first is on line {first}): the logs hold it twice \
+                 (collected twice?) or a line is forged",
+                n + 1,
+                r.pod,
+                r.peer
+            )));
+        }
         out.push(r);
     }
     Ok(out)
@@ -315,7 +346,7 @@ mod tests {
             .to_string(),
         };
         format!(
-            "2026-12-02T10:00:00Z pod/x RDMABENCH_RESULT {{\"pod\":{pod},\"peer\":{peer},\"node\":\"n{pod}\",\"exit\":{exit},\"run\":{run}}}"
+            "2026-12-02T10:00:00Z [pod/x/rdmabench] RDMABENCH_RESULT {{\"pod\":{pod},\"peer\":{peer},\"node\":\"n{pod}\",\"exit\":{exit},\"run\":{run}}}"
         )
     }
 
@@ -382,5 +413,21 @@ mod tests {
     fn malformed_lines_are_errors_with_the_line_number() {
         let e = parse("ok\nRDMABENCH_RESULT {\"pod\":1".as_bytes()).unwrap_err();
         assert!(e.message().contains("line 2"), "{}", e.message());
+        let extra = format!("{} trailing", line(0, 1, 0, None));
+        assert!(parse(extra.as_bytes()).unwrap_err().message().contains("line 1"), "not a whole record");
+        let unknown = "RDMABENCH_RESULT {\"pod\":0,\"peer\":1,\"exit\":0,\"run\":null,\"verdict\":\"pass\"}";
+        assert!(parse(unknown.as_bytes()).is_err(), "a field no pod prints");
+    }
+
+    #[test]
+    fn duplicates_and_markers_inside_other_text_are_refused() {
+        let twice = [line(0, 1, 0, Some(100.0)), line(1, 0, 0, Some(90.0)), line(0, 1, 0, Some(200.0))].join("\n");
+        let e = parse(twice.as_bytes()).unwrap_err();
+        assert!(e.message().contains("line 3") && e.message().contains("first is on line 1"), "{}", e.message());
+        let quoted = format!("rdmabench: peer x gave up: {}", line(5, 6, 0, None).split_once(' ').unwrap().1);
+        let e = parse(quoted.as_bytes()).unwrap_err();
+        assert!(e.message().contains("after other text"), "{}", e.message());
+        let plain = line(0, 1, 0, Some(1.0)).split_once("] ").unwrap().1.to_string();
+        assert_eq!(parse(plain.as_bytes()).unwrap().len(), 1, "no prefix at all");
     }
 }

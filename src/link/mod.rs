@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 use crate::report::{Environment, PeerEnvironment};
-use crate::session::{Channel, Message, PeerPoll};
+use crate::session::{Channel, Message, PeerPoll, proto};
 use crate::spec::ring::{self, Notify};
 use crate::spec::{Measure, Operation, TestSpec, check_against_device};
 use crate::stats::Clock;
@@ -108,6 +108,15 @@ impl Layout {
     pub fn recv_at(&self, slot: u64) -> u64 {
         self.recv_offset + slot * self.recv_slot
     }
+}
+
+/// The registered memory a spec makes one side take: every lane's buffer, page-rounded
+/// as `RegisteredBuf` maps it (rings included: their layout is the buffer). Computed from
+/// the spec alone, before anything is allocated, for `--max-memory`. Saturates instead of
+/// wrapping on a spec `TestSpec::check` would refuse.
+pub fn memory_need(spec: &TestSpec) -> u64 {
+    let per_lane = (Layout::new(spec).total_len().max(64) as u64).saturating_add(4095) / 4096 * 4096;
+    per_lane.saturating_mul(spec.lanes() as u64)
 }
 
 pub struct Link {
@@ -219,6 +228,15 @@ impl Prepared {
                     chan.peer(),
                     remote.buf_len,
                     layout.total_len()
+                )));
+            }
+            // Every remote address is `addr + offset` with offset < buf_len: it cannot wrap.
+            if remote.addr.checked_add(remote.buf_len).is_none() {
+                return Err(Error::Peer(format!(
+                    "{} sent a buffer of {} bytes at {:#x}, which wraps the address space",
+                    chan.peer(),
+                    remote.buf_len,
+                    remote.addr
                 )));
             }
             let me = format!("this side ({}, {} port {})", local.node, local.device, local.port);
@@ -368,8 +386,12 @@ fn watch_peer(chan: &mut Channel, waiting_for: &str) -> Result<()> {
 }
 
 fn expect_endpoint(chan: &mut Channel) -> Result<Endpoint> {
-    match chan.recv("the peer's endpoint")? {
-        Message::Endpoint(e) => Ok(*e),
+    match chan.recv_handshake("the peer's endpoint")? {
+        Message::Endpoint(e) => {
+            proto::check_name("the node name", &e.node)?;
+            proto::check_name("the device name", &e.device)?;
+            Ok(*e)
+        }
         other => Err(chan.unexpected(&other, "its endpoint")),
     }
 }

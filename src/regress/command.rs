@@ -22,6 +22,11 @@ pub struct Request {
 }
 
 pub fn compare(args: &Request, out: &mut dyn Write) -> Result<()> {
+    for (path, flag) in [(&args.json, "--json"), (&args.junit, "--junit")] {
+        if let Some(path) = path {
+            crate::report::file::check_writable(path, flag)?;
+        }
+    }
     let base = doc::read(&args.baseline)?;
     let cur = doc::read(&args.current)?;
     let c = compare_docs(&base, &cur, args.tolerance, args.allow_env_mismatch)?;
@@ -36,12 +41,15 @@ pub fn compare(args: &Request, out: &mut dyn Write) -> Result<()> {
         if to_stdout {
             out.write_all(text.as_bytes()).map_err(|e| Error::Environment(format!("cannot write: {e}")))?;
         } else {
-            std::fs::write(target, text).map_err(|e| Error::Environment(format!("cannot write {target}: {e}")))?;
+            crate::report::file::write(target, text.as_bytes(), "the comparison")?;
         }
     }
     if let Some(path) = &args.junit {
-        std::fs::write(path, junit::render("rdmabench compare", &junit_cases(&c)))
-            .map_err(|e| Error::Environment(format!("cannot write {path}: {e}")))?;
+        crate::report::file::write(
+            path,
+            junit::render("rdmabench compare", &junit_cases(&c)).as_bytes(),
+            "the JUnit report",
+        )?;
     }
     match c.failure() {
         None => Ok(()),

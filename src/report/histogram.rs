@@ -33,7 +33,7 @@ pub fn write(path: &str, test: &str, sizes: &[SizeHistogram]) -> Result<()> {
             start += duration;
         }
     }
-    std::fs::write(path, out).map_err(|e| fail(e.to_string()))
+    super::file::write(path, &out, "the histogram log")
 }
 
 /// Reads a file `write` wrote: each entry's tag (`size=N`) and histogram.

@@ -40,10 +40,7 @@ pub fn write<T: Serialize>(doc: &T, target: &str) -> Result<()> {
         writeln!(out, "{text}").map_err(|e| Error::Environment(format!("cannot write JSON to stdout: {e}")))?;
         return Ok(());
     }
-    let tmp = format!("{target}.tmp{}", std::process::id());
-    std::fs::write(&tmp, text + "\n")
-        .and_then(|_| std::fs::rename(&tmp, target))
-        .map_err(|e| Error::Environment(format!("cannot write the JSON document to {target}: {e}")))
+    super::file::write(target, (text + "\n").as_bytes(), "the JSON document")
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 pub mod check;
 pub mod devices;
+pub mod file;
 pub mod histogram;
 pub mod json;
 pub mod junit;

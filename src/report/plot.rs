@@ -270,7 +270,7 @@ pub fn command(args: &Request) -> Result<()> {
         let base = args.result.strip_suffix(".json").unwrap_or(&args.result);
         format!("{base}.svg")
     });
-    std::fs::write(&target, svg(&charts)).map_err(|e| Error::Environment(format!("cannot write {target}: {e}")))?;
+    super::file::write(&target, svg(&charts).as_bytes(), "the plot")?;
     eprintln!("rdmabench: wrote {target} ({} chart(s))", charts.len());
     Ok(())
 }

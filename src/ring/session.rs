@@ -43,7 +43,7 @@ impl Producer {
         let spec = config.to_spec(Measure::Bandwidth);
         let prepared = Prepared::new(&spec, device)?;
         let mut chan = Channel::connect(host, port, timeout, timeout)?;
-        handshake::open(&mut chan, &spec, None)?;
+        handshake::open(&mut chan, &spec, None, None)?;
         let link = prepared.connect(Role::Client, &spec, &mut chan)?.remove(0);
         match chan.recv("the consumer to post its receives")? {
             Message::Ready { .. } => {}
@@ -98,7 +98,7 @@ impl Consumer {
     /// producer's. Every later wait is bounded by `timeout` too.
     pub fn accept(port: u16, device: &DeviceSelection, timeout: Duration) -> Result<Consumer> {
         let mut chan = Channel::accept(port, timeout, timeout)?;
-        let hello = chan.recv("the producer's hello")?;
+        let hello = handshake::opening(&mut chan, None, "the producer's hello")?;
         let (spec, config) = handshake::answer(&mut chan, &hello, &[], |s, _| {
             s.check()?;
             match (s.operation, RingConfig::from_spec(s)) {

@@ -3,7 +3,7 @@
 //! measurement loops to notice a dead peer or an abort without slowing the hot path.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -35,9 +35,24 @@ pub struct Listener {
 }
 
 impl Listener {
-    pub fn bind(port: u16) -> Result<Listener> {
-        let listener = TcpListener::bind(("0.0.0.0", port))
-            .map_err(|e| Error::Environment(format!("cannot listen on TCP port {port}: {e}; pick another with -p")))?;
+    /// Listens on `port` at `bind`, or on every address (IPv6 and IPv4 through one
+    /// dual-stack socket; IPv4 alone where the kernel has no IPv6).
+    pub fn bind(bind: Option<IpAddr>, port: u16) -> Result<Listener> {
+        let fail = |at: String, e: std::io::Error| {
+            Error::Environment(format!(
+                "cannot listen on {at} port {port}: {e}; pick another port with -p, or an address of this host \
+                 with --bind"
+            ))
+        };
+        let listener = match bind {
+            Some(ip) => TcpListener::bind(SocketAddr::new(ip, port)).map_err(|e| fail(ip.to_string(), e))?,
+            None => match TcpListener::bind(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port)) {
+                Ok(l) => l,
+                Err(e) if e.kind() == ErrorKind::AddrInUse => return Err(fail("every address".into(), e)),
+                Err(_) => TcpListener::bind(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port))
+                    .map_err(|e| fail("every IPv4 address".into(), e))?,
+            },
+        };
         listener.set_nonblocking(true).map_err(|e| Error::Environment(format!("listener: {e}")))?;
         Ok(Listener { listener, port })
     }
@@ -51,7 +66,7 @@ impl Listener {
             match self.listener.accept() {
                 Ok((stream, addr)) => {
                     stream.set_nonblocking(false).map_err(|e| Error::Environment(format!("socket: {e}")))?;
-                    return Channel::new(stream, addr.to_string(), timeout);
+                    return Channel::new(stream, peer_address(addr), timeout);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {}
                 Err(e) => return Err(Error::Environment(format!("accept on port {port}: {e}"))),
@@ -67,6 +82,18 @@ impl Listener {
     }
 }
 
+/// A peer's address as logs show it: an IPv4 client of the dual-stack socket as plain
+/// IPv4 (not ::ffff:a.b.c.d).
+fn peer_address(addr: SocketAddr) -> String {
+    match addr {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(v4.into(), v6.port()).to_string(),
+            None => addr.to_string(),
+        },
+        SocketAddr::V4(_) => addr.to_string(),
+    }
+}
+
 /// What a non-blocking look at the channel found.
 #[derive(Debug)]
 pub enum PeerPoll {
@@ -79,12 +106,17 @@ impl Channel {
     /// before its server. `timeout` bounds every later wait.
     pub fn connect(host: &str, port: u16, connect_timeout: Duration, timeout: Duration) -> Result<Channel> {
         let deadline = Instant::now() + connect_timeout;
-        let target = format!("{host}:{port}");
+        // An IPv6 literal may come bare (::1) or bracketed ([::1]).
+        let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+        let target = match host.parse::<IpAddr>() {
+            Ok(IpAddr::V6(_)) => format!("[{host}]:{port}"),
+            _ => format!("{host}:{port}"),
+        };
         let mut last_err = String::from("no attempt made");
         loop {
             signals::check()?;
             // Resolve on every attempt: in Kubernetes the server's DNS name appears late.
-            match target.to_socket_addrs() {
+            match (host, port).to_socket_addrs() {
                 Ok(addrs) => {
                     for addr in addrs {
                         let left = deadline.saturating_duration_since(Instant::now()).max(TICK);
@@ -106,9 +138,9 @@ impl Channel {
         }
     }
 
-    /// Listens on `port` and waits up to `wait` for one client.
+    /// Listens on `port` (every address) and waits up to `wait` for one client.
     pub fn accept(port: u16, wait: Duration, timeout: Duration) -> Result<Channel> {
-        Listener::bind(port)?.accept(wait, timeout)
+        Listener::bind(None, port)?.accept(wait, timeout)
     }
 
     fn new(stream: TcpStream, peer: String, timeout: Duration) -> Result<Channel> {
@@ -170,9 +202,10 @@ impl Channel {
         self.recv_until(waiting_for, wait, true)
     }
 
-    /// The first message of a session: heartbeats do not extend the wait, so a connection
-    /// that sends only heartbeats cannot hold a server past the session timeout.
-    pub fn recv_opening(&mut self, waiting_for: &str) -> Result<Message> {
+    /// A message of the handshake (greeting, hello, welcome, endpoints): heartbeats do not
+    /// extend the wait, so a connection that sends only heartbeats cannot hold a server past
+    /// the session timeout; they extend only the waits inside a running measurement.
+    pub fn recv_handshake(&mut self, waiting_for: &str) -> Result<Message> {
         self.recv_until(waiting_for, self.timeout, false)
     }
 
@@ -307,7 +340,7 @@ mod tests {
             }
         });
         let t = Instant::now();
-        let e = c.recv_opening("the client's hello").unwrap_err();
+        let e = c.recv_handshake("the client's hello").unwrap_err();
         assert_eq!(e.exit_code(), 4);
         assert!(t.elapsed() < Duration::from_millis(1500), "ended at the timeout: {:?}", t.elapsed());
         drop(c);

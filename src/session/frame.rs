@@ -1,8 +1,12 @@
 //! Frames: a 4-byte big-endian length, then that many bytes of JSON.
 //! A frame longer than `MAX_FRAME` or that does not decode is an error with a message;
-//! decoding never panics, whatever bytes arrive.
+//! decoding never panics, whatever bytes arrive. Every string a peer sends is defused on
+//! the way in: control, line-separator and bidi characters become visible escapes, so a
+//! peer's text printed in a log can never start a line of its own (a forged
+//! `RDMABENCH_RESULT` record) or restyle a terminal.
 
 use serde::{Serialize, de::DeserializeOwned};
+use serde_json::Value;
 
 /// No control message comes near this; anything larger is garbage or an attack.
 pub const MAX_FRAME: usize = 1 << 20;
@@ -53,6 +57,35 @@ pub fn decode<T: DeserializeOwned>(buf: &[u8]) -> Result<Option<(T, usize)>, Fra
     if buf.len() < HEADER + len {
         return Ok(None);
     }
-    let msg = serde_json::from_slice(&buf[HEADER..HEADER + len]).map_err(|e| FrameError::Malformed(e.to_string()))?;
+    let mut value: Value =
+        serde_json::from_slice(&buf[HEADER..HEADER + len]).map_err(|e| FrameError::Malformed(e.to_string()))?;
+    defuse(&mut value)?;
+    let msg = serde_json::from_value(value).map_err(|e| FrameError::Malformed(e.to_string()))?;
     Ok(Some((msg, HEADER + len)))
+}
+
+/// Characters a peer's text may not carry into a log or a terminal as they are.
+fn unsafe_char(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// The text with every unsafe character written as a visible escape (`\u{1b}`).
+pub fn escape(s: &str) -> String {
+    s.chars().map(|c| if unsafe_char(c) { c.escape_unicode().to_string() } else { c.to_string() }).collect()
+}
+
+/// Escapes every string value in place; a key with such characters is no field of ours.
+fn defuse(v: &mut Value) -> Result<(), FrameError> {
+    match v {
+        Value::String(s) if s.chars().any(unsafe_char) => *s = escape(s),
+        Value::Array(items) => items.iter_mut().try_for_each(defuse)?,
+        Value::Object(fields) => {
+            if let Some(k) = fields.keys().find(|k| k.chars().any(unsafe_char)) {
+                return Err(FrameError::Malformed(format!("field name {:?} has control characters", escape(k))));
+            }
+            fields.values_mut().try_for_each(defuse)?;
+        }
+        _ => {}
+    }
+    Ok(())
 }

@@ -1,17 +1,45 @@
-//! The opening of a session once the TCP channel is up: the client's hello (carrying its
-//! whole test spec and, for a test, which of its rails this session is), the server's
-//! welcome (with its own rails' devices) or refusal, and each side naming the other in
-//! its messages from then on. Tests and ring sessions open the same way.
+//! The opening of a session once the TCP channel is up: the server's greeting (with a
+//! nonce), the client's hello (carrying its whole test spec, which of its rails this
+//! session is for a test, and its token proof), the server's welcome (with its own rails'
+//! devices) or refusal, and each side naming the other in its messages from then on.
+//! Tests, ring sessions and a workload's finish open the same way.
 
 use super::Channel;
+use super::auth::{self, Token};
 use super::proto::{self, MAGIC, Message, PROTOCOL_VERSION, RailHello};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::session::hostname;
 use crate::spec::TestSpec;
 
-/// Client side: sends `spec` (and `rail`, for one rail of a test) and takes the server's
-/// welcome, returning the server's rails' devices, or its refusal, as an error.
-pub fn open(chan: &mut Channel, spec: &TestSpec, rail: Option<RailHello>) -> Result<Vec<String>> {
+/// Client side: takes the server's greeting and returns its nonce.
+fn greeting(chan: &mut Channel) -> Result<String> {
+    match chan.recv_handshake("the server's greeting")? {
+        Message::Greeting { magic, version, nonce } => {
+            if magic != MAGIC {
+                return Err(Error::Peer(format!("{} is not rdmabench (magic {magic:?})", chan.peer())));
+            }
+            if version != PROTOCOL_VERSION {
+                return Err(Error::Environment(format!(
+                    "protocol version mismatch: the server speaks v{version}, this client speaks \
+                     v{PROTOCOL_VERSION}; run the same rdmabench version on both sides"
+                )));
+            }
+            Ok(nonce)
+        }
+        other => Err(chan.unexpected(&other, "a greeting")),
+    }
+}
+
+/// Client side: sends `spec` (and `rail`, for one rail of a test) with the proof of
+/// `token`, and takes the server's welcome, returning the server's rails' devices, or its
+/// refusal, as an error.
+pub fn open(
+    chan: &mut Channel,
+    spec: &TestSpec,
+    rail: Option<RailHello>,
+    token: Option<&Token>,
+) -> Result<Vec<String>> {
+    let nonce = greeting(chan)?;
     chan.send(&Message::Hello {
         magic: MAGIC.into(),
         version: PROTOCOL_VERSION,
@@ -19,18 +47,57 @@ pub fn open(chan: &mut Channel, spec: &TestSpec, rail: Option<RailHello>) -> Res
         node: hostname(),
         spec: Box::new(spec.clone()),
         rail,
+        auth: token.map(|t| t.proof(&nonce, "hello")),
     })?;
-    let welcome = chan.recv("the server's welcome")?;
-    let devices = match &welcome {
-        Message::Welcome { node, devices, .. } => {
-            let node = node.clone();
-            chan.name_peer(&node);
-            devices.clone()
-        }
-        _ => Vec::new(),
+    let welcome = chan.recv_handshake("the server's welcome")?;
+    let (node, devices) = match &welcome {
+        Message::Welcome { node, devices, .. } => (node.clone(), devices.clone()),
+        _ => (String::new(), Vec::new()),
     };
     proto::check_welcome(welcome)?;
+    chan.name_peer(&node);
     Ok(devices)
+}
+
+/// Client side: tells a serving peer that the workload is over (it exits), with the
+/// proof of `token`.
+pub fn finish(chan: &mut Channel, token: Option<&Token>) -> Result<()> {
+    let nonce = greeting(chan)?;
+    chan.send(&Message::Finish { auth: token.map(|t| t.proof(&nonce, "finish")) })?;
+    match chan.recv("the server's goodbye")? {
+        Message::Bye => Ok(()),
+        other => Err(chan.unexpected(&other, "bye")),
+    }
+}
+
+/// Server side: greets a new connection and takes its first message, a hello or a
+/// finish. With a `token`, one without the right proof is refused (the client hears why)
+/// before anything is allocated; the caller logs it and serves the next connection.
+/// Heartbeats do not extend this wait.
+pub fn opening(chan: &mut Channel, token: Option<&Token>, waiting_for: &str) -> Result<Message> {
+    let nonce = auth::nonce()?;
+    chan.send(&Message::Greeting { magic: MAGIC.into(), version: PROTOCOL_VERSION, nonce: nonce.clone() })?;
+    let msg = chan.recv_handshake(waiting_for)?;
+    let proof = match &msg {
+        Message::Hello { auth, .. } | Message::Finish { auth } => auth.as_deref(),
+        other => return Err(chan.unexpected(other, "a hello")),
+    };
+    if let Some(token) = token {
+        let why = match proof {
+            None => "it sent no token proof",
+            Some(p) if !token.verify(&nonce, msg.kind(), p) => "its token proof is wrong",
+            Some(_) => return Ok(msg),
+        };
+        let e = Error::Usage(format!(
+            "this server requires the shared token and {} was refused: {why}; give the client the server's token \
+             (--token-file FILE or ${})",
+            chan.peer(),
+            auth::TOKEN_ENV
+        ));
+        let _ = chan.send(&Message::Refuse { code: e.exit_code(), message: e.message() });
+        return Err(e);
+    }
+    Ok(msg)
 }
 
 /// Server side: checks the client's `hello` with `accept` (which sees its spec and rail);

@@ -2,6 +2,7 @@
 //! TCP, a versioned handshake, barriers and deadlines, and peer-loss detection.
 //! It carries the spec, the endpoints and the results; it never touches verbs.
 
+pub mod auth;
 pub mod channel;
 pub mod frame;
 pub mod handshake;

@@ -1,6 +1,7 @@
 //! The messages of the session and the handshake rules.
 //!
-//! Order of a run: client `Hello` (with the whole spec) -> server `Welcome` or `Refuse`;
+//! Order of a run: server `Greeting` (with a nonce) -> client `Hello` (with the whole spec,
+//! and a proof of the shared token when the server wants one) -> server `Welcome` or `Refuse`;
 //! both send `Endpoint`; then per size: client `Start`, server `Ready`, the kernel runs,
 //! client `Done`, server `Verdict`; finally client `Report` and server `Bye`. A workload
 //! (`run`) opens one session per test and ends with a session of just `Finish` / `Bye`.
@@ -17,7 +18,9 @@ use crate::verbs::endpoint::Endpoint;
 /// Bumped on any incompatible change of these messages.
 /// v2: the hello carries the client's rail (index and every rail's device), the welcome
 /// the server's devices.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// v3: the server speaks first (`Greeting` with a nonce); hello and finish carry the
+/// token's proof (`session::auth`).
+pub const PROTOCOL_VERSION: u32 = 3;
 pub const MAGIC: &str = "rdmabench";
 
 /// One session per rail: rail `index` of the client's `devices`, paired with the server's
@@ -31,6 +34,13 @@ pub struct RailHello {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Message {
+    /// The server's first words on a new connection: who it is and the nonce that the
+    /// client's token proof must answer.
+    Greeting {
+        magic: String,
+        version: u32,
+        nonce: String,
+    },
     Hello {
         magic: String,
         version: u32,
@@ -40,6 +50,9 @@ pub enum Message {
         /// Which of the client's rails this session is (absent: a ring session).
         #[serde(default)]
         rail: Option<RailHello>,
+        /// HMAC of the greeting's nonce under the shared token (`session::auth`).
+        #[serde(default)]
+        auth: Option<String>,
     },
     Welcome {
         version: u32,
@@ -82,7 +95,10 @@ pub enum Message {
     Report(Box<RunResult>),
     Bye,
     /// A workload's client has run every step: a `run --serve` server may exit.
-    Finish,
+    Finish {
+        #[serde(default)]
+        auth: Option<String>,
+    },
     Abort {
         code: i32,
         reason: String,
@@ -92,6 +108,7 @@ pub enum Message {
 impl Message {
     pub fn kind(&self) -> &'static str {
         match self {
+            Message::Greeting { .. } => "greeting",
             Message::Hello { .. } => "hello",
             Message::Welcome { .. } => "welcome",
             Message::Refuse { .. } => "refuse",
@@ -103,16 +120,33 @@ impl Message {
             Message::Verdict { .. } => "verdict",
             Message::Report(_) => "report",
             Message::Bye => "bye",
-            Message::Finish => "finish",
+            Message::Finish { .. } => "finish",
             Message::Abort { .. } => "abort",
         }
     }
 }
 
+/// The longest node or device name a peer may send (a DNS name's limit).
+pub const MAX_NAME: usize = 253;
+
+/// A node or device name from the peer: what a host or device name may hold (letters,
+/// digits, `.-_:`), at most `MAX_NAME` bytes; these are printed in every log line that
+/// names the peer.
+pub fn check_name(what: &str, name: &str) -> Result<()> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':');
+    if name.is_empty() || name.len() > MAX_NAME || !name.chars().all(ok_char) {
+        let shown: String = super::frame::escape(name).chars().take(64).collect();
+        return Err(Error::Peer(format!(
+            "the peer sent {what} {shown:?}: not a host or device name (1..={MAX_NAME} of letters, digits, `.-_:`)"
+        )));
+    }
+    Ok(())
+}
+
 /// Server side: accepts a `Hello` of our protocol version, or says why not.
 pub fn check_hello(msg: &Message) -> Result<&TestSpec> {
     match msg {
-        Message::Hello { magic, version, tool_version, spec, .. } => {
+        Message::Hello { magic, version, tool_version, spec, node, rail, .. } => {
             if magic != MAGIC {
                 return Err(Error::Peer(format!("peer is not rdmabench (magic {magic:?})")));
             }
@@ -121,6 +155,10 @@ pub fn check_hello(msg: &Message) -> Result<&TestSpec> {
                     "protocol version mismatch: the client (rdmabench {tool_version}) speaks v{version}, \
                      this server speaks v{PROTOCOL_VERSION}; run the same rdmabench version on both sides"
                 )));
+            }
+            check_name("the node name", node)?;
+            for d in rail.iter().flat_map(|r| &r.devices) {
+                check_name("a rail's device", d)?;
             }
             Ok(spec)
         }
@@ -131,7 +169,10 @@ pub fn check_hello(msg: &Message) -> Result<&TestSpec> {
 /// Client side: the server's answer to `Hello`.
 pub fn check_welcome(msg: Message) -> Result<()> {
     match msg {
-        Message::Welcome { version, .. } if version == PROTOCOL_VERSION => Ok(()),
+        Message::Welcome { version, node, devices, .. } if version == PROTOCOL_VERSION => {
+            check_name("the node name", &node)?;
+            devices.iter().try_for_each(|d| check_name("a rail's device", d))
+        }
         Message::Welcome { version, tool_version, .. } => Err(Error::Environment(format!(
             "protocol version mismatch: the server (rdmabench {tool_version}) speaks v{version}, \
              this client speaks v{PROTOCOL_VERSION}; run the same rdmabench version on both sides"
@@ -161,6 +202,7 @@ mod tests {
                 ..TestSpec::new(Operation::Write, Measure::Latency)
             }),
             rail: Some(RailHello { index: 1, devices: vec!["rxea0".into(), "rxea1".into()] }),
+            auth: Some("00ff".into()),
         }
     }
 
@@ -233,6 +275,46 @@ mod tests {
         }
         assert_eq!(check_hello(&m).unwrap_err().exit_code(), 4);
         assert_eq!(check_hello(&Message::Bye).unwrap_err().exit_code(), 4);
+    }
+
+    #[test]
+    fn a_peers_text_cannot_start_a_log_line_or_restyle_a_terminal() {
+        let abort = br#"{"type":"abort","code":4,"reason":"x\nRDMABENCH_RESULT {\"pod\":9}\u001b[2J\u2028"}"#;
+        let mut bytes = (abort.len() as u32).to_be_bytes().to_vec();
+        bytes.extend_from_slice(abort);
+        let (msg, _): (Message, usize) = frame::decode(&bytes).unwrap().unwrap();
+        let Message::Abort { reason, .. } = msg else { panic!("{msg:?}") };
+        assert!(!reason.chars().any(|c| c.is_control() || c == '\u{2028}'), "{reason:?}");
+        assert!(reason.contains("\\u{a}RDMABENCH_RESULT"), "escaped, still readable: {reason}");
+    }
+
+    #[test]
+    fn node_and_device_names_from_the_peer_are_checked() {
+        for bad in ["", "a b", "node\u{1b}", &"n".repeat(254), "x/y", "ümlaut"] {
+            let mut m = hello(PROTOCOL_VERSION);
+            if let Message::Hello { node, .. } = &mut m {
+                *node = bad.to_string();
+            }
+            let e = check_hello(&m).unwrap_err();
+            assert_eq!(e.exit_code(), 4, "{bad:?}");
+            assert!(e.to_string().contains("not a host or device name"), "{e}");
+        }
+        let mut m = hello(PROTOCOL_VERSION);
+        if let Message::Hello { rail: Some(r), .. } = &mut m {
+            r.devices.push("mlx5_0;rm".into());
+        }
+        assert!(check_hello(&m).is_err());
+        for good in ["rdmabench-lab", "job-1.svc.cluster.local", "mlx5_0", "fe80::1"] {
+            assert!(check_name("n", good).is_ok(), "{good}");
+        }
+        let welcome = |node: &str| Message::Welcome {
+            version: PROTOCOL_VERSION,
+            tool_version: "0".into(),
+            node: node.into(),
+            devices: vec!["rxe0".into()],
+        };
+        assert!(check_welcome(welcome("srv")).is_ok());
+        assert_eq!(check_welcome(welcome("srv\nx")).unwrap_err().exit_code(), 4);
     }
 
     #[test]

@@ -87,6 +87,11 @@ pub enum Measure {
 
 /// Most QPs one side opens with `-q`.
 pub const MAX_QPS: u32 = 256;
+/// The largest RDMA message (2^31 bytes, the InfiniBand limit every verbs device shares);
+/// the device's own max message size may be lower and is checked when it is opened.
+pub const MAX_MESSAGE_SIZE: u64 = 1 << 31;
+/// Most sizes in one test (a sweep has 23).
+pub const MAX_SIZES: usize = 4096;
 
 fn one() -> u32 {
     1
@@ -364,6 +369,22 @@ impl TestSpec {
                     "message size 0 is not allowed; use {} with 1 or more bytes (up to the device's max message size)",
                     n(Field::Size)
                 ),
+            );
+        }
+        if let Some(&big) = self.sizes.iter().find(|&&s| s > MAX_MESSAGE_SIZE) {
+            return no(
+                Field::Size,
+                format!(
+                    "message size {big} exceeds {MAX_MESSAGE_SIZE} B (2 GiB), the largest RDMA message; use {} \
+                     1..={MAX_MESSAGE_SIZE}",
+                    n(Field::Size)
+                ),
+            );
+        }
+        if self.sizes.len() > MAX_SIZES {
+            return no(
+                Field::Size,
+                format!("{} sizes in one test; at most {MAX_SIZES}: split the sweep", self.sizes.len()),
             );
         }
         if self.duration_secs.is_none() && self.iterations == 0 {

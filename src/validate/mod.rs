@@ -108,7 +108,7 @@ fn io(e: std::io::Error) -> Error {
 }
 
 fn write_file(path: &str, text: &str) -> Result<()> {
-    std::fs::write(path, text).map_err(|e| Error::Environment(format!("cannot write {path}: {e}")))
+    crate::report::file::write(path, text.as_bytes(), "the report")
 }
 
 fn counts(o: &Outcome) -> [(Status, usize); 4] {

@@ -4,27 +4,24 @@
 //! JUnit, and the comparison with a baseline when given.
 
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::file::{Measurement, StepKind, Workload};
-use crate::bench::runner::{self, RailOptions, RunOptions};
+use crate::bench::runner::{self, RunOptions};
 use crate::error::{Error, Result};
 use crate::regress;
 use crate::report::junit;
 use crate::report::metrics;
 use crate::report::run::{self as doc, RunDocument, StepRecord};
-use crate::report::table::Units;
 use crate::validate::{self, Request, sysfs::Tree};
 
 /// How to reach the peer and where the outputs go.
 pub struct Plan {
     pub workload: Workload,
     pub peer: String,
-    pub rails: RailOptions,
-    pub tcp_port: u16,
-    pub connect_timeout: Duration,
-    pub timeout: Duration,
-    pub units: Units,
+    /// The connection flags (devices, ports, deadlines, token, memory budget, units); each
+    /// step's options start from these.
+    pub session: RunOptions,
     pub json: Option<String>,
     pub junit: Option<String>,
     pub baseline: Option<String>,
@@ -35,15 +32,11 @@ pub struct Plan {
 impl Plan {
     fn options(&self, cpu_util: bool) -> RunOptions {
         RunOptions {
-            rails: self.rails.clone(),
-            tcp_port: self.tcp_port,
-            connect_timeout: self.connect_timeout,
-            timeout: self.timeout,
             json: None,
             cpu_util,
             histogram: None,
-            units: self.units,
             tables_on_stderr: self.json.as_deref() == Some("-"),
+            ..self.session.clone()
         }
     }
 }
@@ -53,12 +46,22 @@ fn io(e: std::io::Error) -> Error {
 }
 
 /// Runs the workload; Err(Check) when a step, threshold or comparison failed (exit 1).
+/// A lost peer (exit 4) or a signal (128 + N) ends the run early: later steps are recorded
+/// as not run, and the documents are still written.
 pub fn client(plan: &Plan, out: &mut dyn Write) -> Result<RunDocument> {
     let w = &plan.workload;
     let n = w.steps.len();
+    // Everything that could fail at the end is tried before step 1.
+    for (path, flag) in [(&plan.json, "--json"), (&plan.junit, "--junit")] {
+        if let Some(path) = path {
+            crate::report::file::check_writable(path, flag)?;
+        }
+    }
+    let baseline = plan.baseline.as_deref().map(|path| doc::read(path).map(|d| (path, d))).transpose()?;
     let mut steps = Vec::with_capacity(n);
     let mut environment = None;
     let mut peer_lost: Option<String> = None;
+    let mut stop: Option<Error> = None;
     for (i, step) in w.steps.iter().enumerate() {
         writeln!(out, "\n=== step {}/{n}: {} ===", i + 1, step.name).map_err(io)?;
         let t = Instant::now();
@@ -86,8 +89,15 @@ pub fn client(plan: &Plan, out: &mut dyn Write) -> Result<RunDocument> {
             }
             (StepKind::Measure(m), _) => {
                 let r = measure(plan, &step.name, m, out)?;
-                if let Some(Error::Peer(why)) = &r.1 {
-                    peer_lost = Some(format!("not run: the peer was lost in step \"{}\" ({why})", step.name));
+                match &r.1 {
+                    Some(Error::Peer(why)) => {
+                        peer_lost = Some(format!("not run: the peer was lost in step \"{}\" ({why})", step.name));
+                    }
+                    Some(e @ Error::Interrupted(_)) => {
+                        peer_lost = Some(format!("not run: {} in step \"{}\"", e.message(), step.name));
+                        stop = Some(e.clone());
+                    }
+                    _ => {}
                 }
                 if environment.is_none() {
                     environment = r.2;
@@ -98,8 +108,16 @@ pub fn client(plan: &Plan, out: &mut dyn Write) -> Result<RunDocument> {
         record.duration_s = t.elapsed().as_secs_f64();
         steps.push(record);
     }
-    if peer_lost.is_none() {
-        runner::finish_workload(&plan.peer, &plan.options(false))?;
+    // A serving peer that cannot be told the run is over is lost too (exit 4), but what
+    // was measured is still written.
+    if peer_lost.is_none()
+        && let Err(e) = runner::finish_workload(&plan.peer, &plan.options(false))
+    {
+        writeln!(out, "rdmabench: could not tell the serving peer that the run is over: {e}").map_err(io)?;
+        match e {
+            Error::Interrupted(_) => stop = Some(e),
+            e => peer_lost = Some(format!("the serving peer could not be told the run is over ({e})")),
+        }
     }
     let verdict = if steps.iter().all(StepRecord::passed) { "pass" } else { "fail" };
     let doc = RunDocument {
@@ -116,10 +134,9 @@ pub fn client(plan: &Plan, out: &mut dyn Write) -> Result<RunDocument> {
         verdict: verdict.into(),
     };
     summary(&doc, out)?;
-    let comparison = match &plan.baseline {
-        Some(path) => {
-            let base = doc::read(path)?;
-            let c = regress::compare(&base, &doc, plan.tolerance_pct, plan.allow_env_mismatch)?;
+    let comparison = match &baseline {
+        Some((path, base)) => {
+            let c = regress::compare(base, &doc, plan.tolerance_pct, plan.allow_env_mismatch)?;
             writeln!(out, "\n=== compared with {path} ===").map_err(io)?;
             regress::print(&c, out)?;
             Some(c)
@@ -134,17 +151,20 @@ pub fn client(plan: &Plan, out: &mut dyn Write) -> Result<RunDocument> {
         if let Some(c) = &comparison {
             cases.extend(regress::junit_cases(c));
         }
-        std::fs::write(path, junit::render(&format!("rdmabench run {}", doc.workload), &cases))
-            .map_err(|e| Error::Environment(format!("cannot write {path}: {e}")))?;
+        let text = junit::render(&format!("rdmabench run {}", doc.workload), &cases);
+        crate::report::file::write(path, text.as_bytes(), "the JUnit report")?;
     }
     let failed: Vec<&str> = doc.steps.iter().filter(|s| !s.passed()).map(|s| s.name.as_str()).collect();
+    if let Some(e @ Error::Interrupted(_)) = stop {
+        return Err(e);
+    }
     // A lost peer is exit 4 (design.md), whatever else failed: the steps after it never ran.
     if let Some(lost) = &peer_lost {
+        let failed = if failed.is_empty() { String::new() } else { format!("; step(s) failed: {}", failed.join(", ")) };
         return Err(Error::Peer(format!(
-            "workload {}: {}; step(s) failed: {}",
+            "workload {}: {}{failed}",
             doc.workload,
-            lost.trim_start_matches("not run: "),
-            failed.join(", ")
+            lost.trim_start_matches("not run: ")
         )));
     }
     if !failed.is_empty() {
@@ -193,11 +213,9 @@ fn measure(
             writeln!(out, "--- {name}: run {}/{} ---", r + 1, m.repeat).map_err(io)?;
             out.flush().map_err(io)?;
         }
-        // A failed rail still brings the other rails' figures.
+        // A failed rail still brings the other rails' figures; an interrupted run, what it
+        // measured before the signal.
         let (result, error) = runner::client_keeping(&plan.peer, &m.spec, &plan.options(m.cpu_util));
-        if let Some(e @ Error::Interrupted(_)) = error {
-            return Err(e);
-        }
         if let Some(result) = result {
             environment.get_or_insert(result.environment.clone());
             if !result.results.is_empty() {

@@ -105,7 +105,7 @@ fn drive(runs: &[SizeRun], chan: &mut Channel, send: bool, peer_sends: bool, ann
     let peer_per_qp = peer_per_qp.unwrap_or_default();
     Ok(SideOutcome {
         sent: outcome.sent.map(|summary| BandwidthRun { iterations: summary.messages, summary }),
-        peer_total: peer_sends.then(|| peer_per_qp.iter().sum()),
+        peer_total: peer_sends.then(|| peer_per_qp.iter().sum()), // checked by split_per_qp
         peer_per_qp,
         sent_per_qp: outcome.sent_per_qp,
         received: outcome.received,
@@ -119,7 +119,7 @@ fn peer_done(chan: &mut Channel, peer_sends: bool, size: u64, qps: usize) -> Res
     match chan.poll_peer("the bandwidth run")? {
         PeerPoll::Quiet => Ok(None),
         PeerPoll::Message(Message::Done { size: s, iterations, per_qp }) if peer_sends && s == size => {
-            Ok(Some(split_per_qp(iterations, per_qp, qps)))
+            split_per_qp(iterations, per_qp, qps, chan.peer()).map(Some)
         }
         PeerPoll::Message(m) => Err(Error::Peer(format!("{} sent {} in the middle of the run", chan.peer(), m.kind()))),
     }
@@ -132,13 +132,22 @@ fn stalled(peer: &str, timeout_ns: u64) -> Error {
     ))
 }
 
-/// The peer's per-QP counts; a peer with one QP may leave `per_qp` empty.
-fn split_per_qp(total: u64, per_qp: Vec<u64>, qps: usize) -> Vec<u64> {
-    if per_qp.len() == qps {
-        per_qp
-    } else {
-        std::iter::once(total).chain(std::iter::repeat_n(0, qps.saturating_sub(1))).collect()
+/// The peer's per-QP counts, checked: one per QP adding up to its total without
+/// overflow (a peer with one QP may leave `per_qp` empty).
+fn split_per_qp(total: u64, per_qp: Vec<u64>, qps: usize, peer: &str) -> Result<Vec<u64>> {
+    if per_qp.is_empty() && qps == 1 {
+        return Ok(vec![total]);
     }
+    let sum = per_qp.iter().try_fold(0u64, |a, &n| a.checked_add(n));
+    if per_qp.len() != qps || sum != Some(total) {
+        return Err(Error::Peer(format!(
+            "{peer} sent {} per-QP counts adding up to {}, for {qps} QPs and {total} messages; the two sides \
+             disagree on the spec, or the peer is not rdmabench",
+            per_qp.len(),
+            sum.map_or("more than 2^64".to_string(), |s| s.to_string())
+        )));
+    }
+    Ok(per_qp)
 }
 
 /// After reads: every landing slot holds the pattern of the remote slot it was read from.
@@ -177,7 +186,7 @@ pub fn server(runs: &[SizeRun], chan: &mut Channel) -> Result<(u64, Option<Strin
             Message::Done { size: s, iterations, per_qp } if s == size => SideOutcome {
                 sent: None,
                 peer_total: Some(iterations),
-                peer_per_qp: split_per_qp(iterations, per_qp, runs.len()),
+                peer_per_qp: split_per_qp(iterations, per_qp, runs.len(), chan.peer())?,
                 sent_per_qp: Vec::new(),
                 received: None,
                 data_error: None,
