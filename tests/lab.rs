@@ -409,7 +409,7 @@ fn lab_handshake_hang_or_garbage_ends_with_exit_4_and_a_message() {
     let c = finish(spawn(&["write-lat", "-p", &port, "--timeout", "2", &addr]), Duration::from_secs(20));
     assert_eq!(c.code, 4, "{}", c.stderr);
     assert!(t.elapsed() < Duration::from_secs(2) + GRACE, "took {:?} (--timeout 2)", t.elapsed());
-    assert!(c.stderr.contains("welcome") && c.stderr.contains("--timeout"), "{}", c.stderr);
+    assert!(c.stderr.contains("greeting") && c.stderr.contains("--timeout"), "{}", c.stderr);
     h.join().unwrap();
 
     // A server that answers with an oversized frame header.
@@ -421,102 +421,320 @@ fn lab_handshake_hang_or_garbage_ends_with_exit_4_and_a_message() {
     assert_eq!(c.code, 4, "{}", c.stderr);
     assert!(c.stderr.contains("bad frame") && c.stderr.contains("exceeds"), "{}", c.stderr);
     h.join().unwrap();
-
-    // A real server fed garbage by a client that is not rdmabench: a message, never a panic.
-    for garbage in [&b"GET / HTTP/1.1\r\n\r\n"[..], &[0, 0, 0, 5, b'h', b'e', b'l', b'l', b'o']] {
-        let port = next_port();
-        let server = spawn(&["write-lat", "-p", &port, "--timeout", "3"]);
-        let mut s = None;
-        for _ in 0..100 {
-            if let Ok(c) = std::net::TcpStream::connect(format!("127.0.0.1:{port}")) {
-                s = Some(c);
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let mut s = s.expect("the server listens");
-        s.write_all(garbage).unwrap();
-        let out = finish(server, Duration::from_secs(20));
-        assert_eq!(out.code, 4, "{}", out.stderr);
-        assert!(out.stderr.contains("bad frame") && !out.stderr.contains("panicked"), "{}", out.stderr);
-    }
 }
 
-/// `run --serve` outlives connections that are not clients: one that closes at once, an
-/// HTTP probe, an oversized frame header, and one that sends only heartbeats (which do not
-/// hold the wait for a hello); then a real workload runs and the server exits 0.
-#[test]
-fn lab_serve_outlives_stray_connections_before_a_hello() {
-    use std::io::Write;
-    let (server, port) = serve_workload();
-    let target = format!("127.0.0.1:{port}");
-    let connect = || {
-        for _ in 0..200 {
-            if let Ok(c) = std::net::TcpStream::connect(&target) {
-                return c;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+/// A TCP connection to a local server's control port, retrying while it starts.
+fn connect_raw(port: &str) -> std::net::TcpStream {
+    for _ in 0..400 {
+        if let Ok(c) = std::net::TcpStream::connect(format!("127.0.0.1:{port}")) {
+            return c;
         }
-        panic!("the server listens on {target}");
-    };
-    drop(connect());
-    connect().write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    connect().write_all(&[0xff, 0xff, 0xff, 0xff]).unwrap();
-    // Heartbeats only, for longer than the server's --timeout (10 s): it gives up on this
-    // connection at its timeout and serves the next.
-    let heartbeat: Vec<u8> = {
-        let json = br#"{"type":"heartbeat"}"#;
-        let mut f = (json.len() as u32).to_be_bytes().to_vec();
-        f.extend_from_slice(json);
-        f
-    };
-    let mut beats = connect();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("nothing listens on port {port}");
+}
+
+/// A control frame: its length, then its JSON.
+fn frame(json: &str) -> Vec<u8> {
+    let mut f = (json.len() as u32).to_be_bytes().to_vec();
+    f.extend_from_slice(json.as_bytes());
+    f
+}
+
+/// What a server on a node's network meets: a connection that closes at once, an HTTP
+/// probe, an oversized frame header (`ff ff ff ff`), one that sends only heartbeats and one
+/// that stays silent, both past the server's --timeout (`timeout`). They come at once, as
+/// a scanner's would; returns once the last has given up.
+fn hostile_connections(port: &str, timeout: Duration) {
+    use std::io::Write;
+    drop(connect_raw(port));
+    connect_raw(port).write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    connect_raw(port).write_all(&[0xff, 0xff, 0xff, 0xff]).unwrap();
+    let mut beats = connect_raw(port);
+    let silent = connect_raw(port);
     let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(12) {
-        if beats.write_all(&heartbeat).is_err() {
+    while t.elapsed() < timeout + Duration::from_secs(2) {
+        if beats.write_all(&frame(r#"{"type":"heartbeat"}"#)).is_err() {
             break;
         }
         std::thread::sleep(Duration::from_millis(300));
     }
+    drop(silent);
+}
+
+/// Peak resident memory of a process, from /proc (kB).
+fn peak_rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// `run --serve` survives every hostile connection and a spec over its memory budget
+/// (refused at once, allocating nothing: its peak RSS stays small), then serves a real
+/// workload and ends when it finishes.
+#[test]
+fn lab_serve_outlives_hostile_connections_and_refuses_specs_over_its_memory_budget() {
+    let port = next_port();
+    let args = ["run", "--serve", "-p", &port, "--timeout", "2", "--connect-timeout", "60", "--max-memory", "32M"];
+    let server = spawn(&args);
+    hostile_connections(&port, Duration::from_secs(2));
+    // 8 QPs x (8 MiB send + 8 MiB receive) = 128 MiB, over the server's 32 MiB.
     let addr = server_addr();
+    let t = Instant::now();
+    let big = run(&["write-bw", "-s", "8M", "-q", "8", "-n", "10", "-p", &port, &addr]);
+    let refused_in = t.elapsed();
+    eprintln!("refused in {refused_in:?} (client start to exit); server peak RSS {} kB", peak_rss_kb(server.id()));
+    assert_eq!(big.code, 2, "{}", big.stderr);
+    for part in ["needs 128.0 MiB", "this server", "--max-memory 32.0 MiB"] {
+        assert!(big.stderr.contains(part), "missing {part:?}: {}", big.stderr);
+    }
+    assert!(peak_rss_kb(server.id()) < 64 << 10, "the server allocated: {} kB", peak_rss_kb(server.id()));
+    // The client's own budget refuses before any connection.
+    let own = run(&["write-bw", "-s", "8M", "-q", "8", "--max-memory", "1M", "-p", &port, &addr]);
+    assert_eq!(own.code, 2, "{}", own.stderr);
+    assert!(own.stderr.contains("this client") && own.stderr.contains("--max-memory 1.0 MiB"), "{}", own.stderr);
     let args = ["run", &workload_path("smoke.toml"), "--peer", &addr, "-p", &port, "--connect-timeout", "30"];
     let c = finish(spawn(&args), Duration::from_secs(300));
     assert_eq!(c.code, 0, "{}\n{}", c.stdout, c.stderr);
     let s = finish(server, Duration::from_secs(60));
-    assert_eq!(s.code, 0, "the server is still serving and ends when the client finishes: {}", s.stderr);
-    assert_eq!(s.stderr.matches("ended before its hello").count(), 4, "each stray connection is logged: {}", s.stderr);
-    assert!(s.stderr.contains("sent nothing for 10.0 s"), "the heartbeat-only one timed out: {}", s.stderr);
+    assert_eq!(s.code, 0, "still serving, and ends when the client finishes: {}", s.stderr);
+    assert_eq!(s.stderr.matches("ended before its test").count(), 5, "each stray is logged: {}", s.stderr);
+    for part in ["127.0.0.1:", "bad frame", "sent nothing for 2.0 s", "needs 128.0 MiB"] {
+        assert!(s.stderr.contains(part), "missing {part:?}: {}", s.stderr);
+    }
 }
 
-/// A workload whose serving peer dies mid-run ends with exit 4 (the peer was lost, not a
-/// failed threshold), still writing its document with the steps that ran.
+/// A one-test server too: hostile connections are logged and the real client is served.
+#[test]
+fn lab_test_server_outlives_hostile_connections_then_serves_its_client() {
+    let port = next_port();
+    let server = spawn(&["write-lat", "-p", &port, "--timeout", "2", "--connect-timeout", "60"]);
+    hostile_connections(&port, Duration::from_secs(2));
+    let c = run(&["write-lat", "-n", "200", "-p", &port, &server_addr()]);
+    assert_eq!(c.code, 0, "{}", c.stderr);
+    let s = finish(server, Duration::from_secs(30));
+    assert_eq!(s.code, 0, "{}", s.stderr);
+    assert_eq!(s.stderr.matches("ended before its test").count(), 5, "{}", s.stderr);
+    assert!(!s.stderr.contains("panicked"), "{}", s.stderr);
+}
+
+/// With a token, a client without it (or with another) is refused and logged, a finish
+/// without it leaves the server running, and the clients that have it pass; the token
+/// comes from a file or from $RDMABENCH_TOKEN.
+#[test]
+fn lab_a_token_keeps_strangers_out_and_lets_its_holders_in() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let token = json_file(&dir, "token");
+    std::fs::write(&token, "0123456789abcdef-lab-secret\n").unwrap();
+    let wrong = json_file(&dir, "wrong");
+    std::fs::write(&wrong, "another-secret-of-enough-bytes\n").unwrap();
+    let port = next_port();
+    let mut server = spawn(&["run", "--serve", "-p", &port, "--token-file", &token, "--connect-timeout", "60"]);
+    let addr = server_addr();
+    let none = run(&["write-lat", "-n", "100", "-p", &port, &addr]);
+    assert_eq!(none.code, 2, "{}", none.stderr);
+    assert!(
+        none.stderr.contains("requires the shared token") && none.stderr.contains("no token proof"),
+        "{}",
+        none.stderr
+    );
+    let bad = run(&["write-lat", "-n", "100", "-p", &port, "--token-file", &wrong, &addr]);
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+    assert!(bad.stderr.contains("proof is wrong"), "{}", bad.stderr);
+    // A finish without a proof, by hand: the server answers with a refusal and stays.
+    let mut raw = connect_raw(&port);
+    raw.write_all(&frame(r#"{"type":"finish"}"#)).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut got = vec![0u8; 4096];
+    let mut seen = String::new();
+    while !seen.contains("refuse") {
+        let n = raw.read(&mut got).unwrap();
+        assert!(n > 0, "closed without a refusal: {seen}");
+        seen += &String::from_utf8_lossy(&got[..n]);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(server.try_wait().unwrap().is_none(), "a finish without the token ended the server");
+    let ok = Command::new(BIN)
+        .args(["write-lat", "-n", "100", "-p", &port, &addr])
+        .env("RDMABENCH_TOKEN", "0123456789abcdef-lab-secret")
+        .output()
+        .unwrap();
+    assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stderr));
+    let args = ["run", &workload_path("smoke.toml"), "--peer", &addr, "-p", &port, "--token-file", &token];
+    let c = finish(spawn(&args), Duration::from_secs(300));
+    assert_eq!(c.code, 0, "{}\n{}", c.stdout, c.stderr);
+    let s = finish(server, Duration::from_secs(60));
+    assert_eq!(s.code, 0, "the authenticated finish ends it: {}", s.stderr);
+    assert!(s.stderr.matches("requires the shared token").count() >= 3, "each refusal is logged: {}", s.stderr);
+}
+
+/// The server listens on IPv6 and IPv4 by default: a client reaches it at ::1; with
+/// --bind, only there.
+#[test]
+fn lab_clients_reach_the_server_over_ipv6_and_bind_chooses_the_address() {
+    let port = next_port();
+    let server = spawn(&["write-lat", "-p", &port, "--connect-timeout", "60"]);
+    let c = run(&["write-lat", "-n", "100", "-p", &port, "::1"]);
+    assert_eq!(c.code, 0, "{}", c.stderr);
+    assert_eq!(finish(server, Duration::from_secs(30)).code, 0);
+    let port = next_port();
+    let server = spawn(&["write-lat", "-p", &port, "--bind", "::1", "--connect-timeout", "60"]);
+    let v4 = run(&["write-lat", "-n", "100", "-p", &port, "--connect-timeout", "2", "127.0.0.1"]);
+    assert_eq!(v4.code, 4, "bound to ::1 only: {}", v4.stderr);
+    let c = run(&["write-lat", "-n", "100", "-p", &port, "[::1]"]);
+    assert_eq!(c.code, 0, "{}", c.stderr);
+    assert_eq!(finish(server, Duration::from_secs(30)).code, 0);
+}
+
+/// SIGTERM to a server in the middle of a measurement: the client ends within a second,
+/// exit 4, quoting the server's reason.
+#[test]
+fn lab_a_terminated_server_tells_its_client_why_within_a_second() {
+    for test in ["write-bw", "read-bw", "send-lat"] {
+        let (server, client, waited) = disrupt(test, true, libc::SIGTERM);
+        eprintln!("{test}: the client ended {waited:?} after SIGTERM to the server");
+        assert_eq!(server.code, 143, "{test}: {}", server.stderr);
+        assert_eq!(client.code, 4, "{test}: {}", client.stderr);
+        assert!(client.stderr.contains("signal 15"), "{test}: the reason is quoted: {}", client.stderr);
+        assert!(waited < Duration::from_secs(1), "{test}: took {waited:?}");
+    }
+}
+
+/// A workload of four steps whose third runs far longer than the tests wait.
+fn four_step_workload(dir: &tempfile::TempDir) -> String {
+    let workload = json_file(dir, "long.toml");
+    std::fs::write(
+        &workload,
+        "name = \"long\"\n[[step]]\nname = \"latency\"\ntest = \"write-lat\"\niterations = 200\n\
+         [[step]]\nname = \"bandwidth\"\ntest = \"write-bw\"\niterations = 200\n\
+         [[step]]\nname = \"long latency\"\ntest = \"write-lat\"\niterations = 50000000\n\
+         [[step]]\nname = \"send bandwidth\"\ntest = \"send-bw\"\n",
+    )
+    .unwrap();
+    workload
+}
+
+/// The run document (schema-valid) and the JUnit report (parseable, a case per step) of
+/// a run stopped in its third step: two steps passed, the third failed with `why`, the
+/// fourth not run.
+fn check_stopped_run_files(json: &str, junit: &str, why: &str) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/results/schema/run-v2.schema.json");
+    let schema: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    let errors: Vec<String> =
+        jsonschema::validator_for(&schema).unwrap().iter_errors(&doc).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "schema violations: {errors:?}");
+    assert_eq!(doc["verdict"], "fail");
+    let steps = doc["steps"].as_array().unwrap();
+    let verdicts: Vec<&str> = steps.iter().map(|s| s["verdict"].as_str().unwrap()).collect();
+    assert_eq!(verdicts, ["pass", "pass", "fail", "fail"], "{doc}");
+    assert!(steps[2]["error"].as_str().unwrap().contains(why), "{doc}");
+    assert!(steps[3]["error"].as_str().unwrap().starts_with("not run:"), "{doc}");
+    let xml = std::fs::read_to_string(junit).unwrap();
+    let parsed = roxmltree::Document::parse(&xml).unwrap_or_else(|e| panic!("JUnit does not parse ({e}):\n{xml}"));
+    let cases = parsed.descendants().filter(|n| n.has_tag_name("testcase")).count();
+    let failures = parsed.descendants().filter(|n| n.has_tag_name("failure")).count();
+    assert!(cases >= 4 && failures >= 2, "{xml}");
+}
+
+/// A workload whose serving peer is killed in its third step ends with exit 4 (the peer
+/// was lost, not a failed threshold), still writing a valid document and JUnit report.
 #[test]
 fn lab_run_whose_peer_dies_exits_4_and_still_writes_its_document() {
     let dir = tempfile::tempdir().unwrap();
-    let json = json_file(&dir, "lost.json");
-    let workload = json_file(&dir, "long.toml");
-    // A first step far longer than the test waits before killing the server.
-    std::fs::write(
-        &workload,
-        "name = \"long\"\n[[step]]\nname = \"long latency\"\ntest = \"write-lat\"\niterations = 5000000\n\
-         [[step]]\nname = \"bandwidth\"\ntest = \"write-bw\"\n",
-    )
-    .unwrap();
+    let (json, junit) = (json_file(&dir, "lost.json"), json_file(&dir, "lost.xml"));
+    let workload = four_step_workload(&dir);
     let (mut server, port) = serve_workload();
     let addr = server_addr();
-    let args = ["run", &workload, "--peer", &addr, "-p", &port, "--timeout", "3", "--json", &json];
-    let client = spawn(&args);
-    std::thread::sleep(Duration::from_secs(3));
+    let args = ["run", &workload, "--peer", &addr, "-p", &port, "--timeout", "3", "--json", &json, "--junit", &junit];
+    let mut client = spawn(&args);
+    let stdout = await_output(&mut client, "=== step 3/4", Duration::from_secs(120));
+    std::thread::sleep(Duration::from_secs(2));
     server.kill().unwrap();
     let _ = server.wait();
-    let c = finish(client, Duration::from_secs(120));
+    let mut c = finish(client, Duration::from_secs(120));
+    c.stdout = stdout.join().unwrap();
     assert_eq!(c.code, 4, "{}\n{}", c.stdout, c.stderr);
-    assert!(c.stderr.contains("the peer was lost in step"), "{}", c.stderr);
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!(doc["verdict"], "fail");
-    let steps = doc["steps"].as_array().unwrap();
-    assert_eq!(steps[0]["verdict"], "fail", "{doc}");
-    assert!(steps[1]["error"].as_str().unwrap().starts_with("not run: the peer was lost"), "{doc}");
+    assert!(c.stderr.contains("the peer was lost in step \"long latency\""), "{}", c.stderr);
+    check_stopped_run_files(&json, &junit, "");
+}
+
+/// SIGINT in a workload's third step: exit 130, both files written, the server told.
+#[test]
+fn lab_interrupted_run_exits_130_and_still_writes_its_document() {
+    let dir = tempfile::tempdir().unwrap();
+    let (json, junit) = (json_file(&dir, "int.json"), json_file(&dir, "int.xml"));
+    let workload = four_step_workload(&dir);
+    let (server, port) = serve_workload();
+    let addr = server_addr();
+    let args = ["run", &workload, "--peer", &addr, "-p", &port, "--timeout", "3", "--json", &json, "--junit", &junit];
+    let mut client = spawn(&args);
+    let stdout = await_output(&mut client, "=== step 3/4", Duration::from_secs(120));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(unsafe { libc::kill(client.id() as i32, libc::SIGINT) }, 0);
+    let mut c = finish(client, Duration::from_secs(60));
+    c.stdout = stdout.join().unwrap();
+    assert_eq!(c.code, 130, "{}\n{}", c.stdout, c.stderr);
+    check_stopped_run_files(&json, &junit, "interrupted by signal 2");
+    // The server heard why, and is still serving: stop it.
+    let mut server = server;
+    assert!(server.try_wait().unwrap().is_none(), "the server ended");
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    let s = finish(server, Duration::from_secs(30));
+    assert!(s.stderr.contains("interrupted by signal 2"), "{}", s.stderr);
+}
+
+/// Output paths are tried before step 1: a bad one ends the run at once, exit 2.
+#[test]
+fn lab_run_with_an_unwritable_output_fails_before_step_1() {
+    let t = Instant::now();
+    let c = run(&["run", &workload_path("smoke.toml"), "--peer", &server_addr(), "--junit", "/no/such/dir/r.xml"]);
+    assert_eq!(c.code, 2, "{}", c.stderr);
+    assert!(c.stderr.contains("--junit /no/such/dir/r.xml") && !c.stdout.contains("=== step"), "{}", c.stderr);
+    assert!(t.elapsed() < Duration::from_secs(5));
+}
+
+/// 50 sessions that fail after the server allocated (a GID mismatch found at the endpoint
+/// exchange, clients killed mid-run) leave no QP and no MR behind on one `run --serve`.
+#[test]
+fn lab_failed_sessions_leave_no_qp_or_mr_behind() {
+    let count = |what: &str| {
+        let out = Command::new("rdma").args(["-j", "res", "show", what]).output().unwrap();
+        assert!(out.status.success(), "rdma res show {what}: {}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v.as_array().map_or(0, |a| a.len())
+    };
+    let (server, port) = serve_workload();
+    std::thread::sleep(Duration::from_millis(500));
+    let (qps, mrs) = (count("qp"), count("mr"));
+    let addr = server_addr();
+    for i in 0..50 {
+        if i % 10 == 9 {
+            // Killed in the middle of its run.
+            let mut c = spawn(&["write-bw", "-D", "30", "-q", "2", "-p", &port, "--timeout", "3", &addr]);
+            let _ = await_output(&mut c, "#bytes", Duration::from_secs(60));
+            std::thread::sleep(Duration::from_millis(300));
+            c.kill().unwrap();
+            let _ = c.wait();
+        } else {
+            let c = run(&["write-lat", "-n", "10", "-x", "0", "-p", &port, "--timeout", "3", &addr]);
+            assert_eq!(c.code, 2, "a GID mismatch: {}", c.stderr);
+        }
+    }
+    // The last killed client's session ends at the server's --timeout (10 s).
+    let t = Instant::now();
+    while (count("qp"), count("mr")) != (qps, mrs) && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!((count("qp"), count("mr")), (qps, mrs), "QPs and MRs back to the baseline");
+    let mut server = server;
+    assert!(server.try_wait().unwrap().is_none(), "still serving");
+    let c = run(&["write-lat", "-n", "100", "-p", &port, &addr]);
+    assert_eq!(c.code, 0, "{}", c.stderr);
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    let s = finish(server, Duration::from_secs(30));
+    assert_eq!(s.stderr.matches("this session failed").count(), 50, "{}", s.stderr);
 }
 
 /// Every operation x transport combination rxe supports, at a small and a large size:

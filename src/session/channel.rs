@@ -54,32 +54,46 @@ impl Listener {
             },
         };
         listener.set_nonblocking(true).map_err(|e| Error::Environment(format!("listener: {e}")))?;
+        // Port 0 asks the kernel for one: keep the one it gave.
+        let port = listener.local_addr().map_or(port, |a| a.port());
         Ok(Listener { listener, port })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The next connection if one is waiting.
+    pub fn try_accept(&self, timeout: Duration) -> Result<Option<Channel>> {
+        match self.listener.accept() {
+            Ok((stream, addr)) => {
+                stream.set_nonblocking(false).map_err(|e| Error::Environment(format!("socket: {e}")))?;
+                Channel::new(stream, peer_address(addr), timeout).map(Some)
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::ConnectionAborted) => Ok(None),
+            Err(e) => Err(Error::Environment(format!("accept on port {}: {e}", self.port))),
+        }
     }
 
     /// Waits up to `wait` for the next client.
     pub fn accept(&self, wait: Duration, timeout: Duration) -> Result<Channel> {
-        let port = self.port;
         let deadline = Instant::now() + wait;
         loop {
             signals::check()?;
-            match self.listener.accept() {
-                Ok((stream, addr)) => {
-                    stream.set_nonblocking(false).map_err(|e| Error::Environment(format!("socket: {e}")))?;
-                    return Channel::new(stream, peer_address(addr), timeout);
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                Err(e) => return Err(Error::Environment(format!("accept on port {port}: {e}"))),
+            if let Some(chan) = self.try_accept(timeout)? {
+                return Ok(chan);
             }
             if Instant::now() >= deadline {
-                return Err(Error::Peer(format!(
-                    "no client connected to port {port} within {} s (--connect-timeout)",
-                    wait.as_secs_f64()
-                )));
+                return Err(no_client(self.port, wait));
             }
             std::thread::sleep(TICK);
         }
     }
+}
+
+/// The one wording of "nobody came".
+pub fn no_client(port: u16, wait: Duration) -> Error {
+    Error::Peer(format!("no client connected to port {port} within {} s (--connect-timeout)", wait.as_secs_f64()))
 }
 
 /// A peer's address as logs show it: an IPv4 client of the dual-stack socket as plain

@@ -64,8 +64,11 @@ pub fn open(
 pub fn finish(chan: &mut Channel, token: Option<&Token>) -> Result<()> {
     let nonce = greeting(chan)?;
     chan.send(&Message::Finish { auth: token.map(|t| t.proof(&nonce, "finish")) })?;
-    match chan.recv("the server's goodbye")? {
+    match chan.recv_handshake("the server's goodbye")? {
         Message::Bye => Ok(()),
+        Message::Refuse { code, message } => {
+            Err(Error::from_code(code, format!("server refused the finish: {message}")))
+        }
         other => Err(chan.unexpected(&other, "bye")),
     }
 }

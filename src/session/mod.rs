@@ -4,11 +4,13 @@
 
 pub mod auth;
 pub mod channel;
+pub mod door;
 pub mod frame;
 pub mod handshake;
 pub mod proto;
 
 pub use channel::{Channel, Listener, PeerPoll};
+pub use door::Door;
 pub use proto::{Message, PROTOCOL_VERSION, RailHello};
 
 /// This host's name, as the peer and the reports show it.
