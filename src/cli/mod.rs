@@ -559,6 +559,10 @@ pub struct RenderArgs {
     /// e.g. `--param min_write_gbps=180` for a 200 Gb/s NIC; checked against the workload's [params].
     #[arg(long = "param", value_name = "NAME=VALUE", value_parser = parse_param)]
     pub params: Vec<(String, f64)>,
+    /// The Secret (key `token`) the pods take the control channel's shared token from; create
+    /// it once per namespace (the Jobs' header shows how).
+    #[arg(long = "token-secret", default_value = crate::k8s::DEFAULT_TOKEN_SECRET, value_name = "NAME")]
+    pub token_secret: String,
 }
 
 impl RenderArgs {
@@ -578,6 +582,7 @@ impl RenderArgs {
             deadline_s: self.deadline,
             port: self.port,
             params: self.params.clone(),
+            token_secret: self.token_secret.clone(),
         }
     }
 }

@@ -9,9 +9,10 @@ use k8s_openapi::api::batch::v1::{
     PodFailurePolicyRule, SuccessPolicy, SuccessPolicyRule,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, Container, EmptyDirVolumeSource, EnvVar, HostPathVolumeSource, PodAffinity,
-    PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, ResourceRequirements, SecurityContext, Service,
-    ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
+    Affinity, Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, HostPathVolumeSource, PodAffinity,
+    PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, ResourceFieldSelector, ResourceRequirements,
+    SeccompProfile, SecretKeySelector, SecurityContext, Service, ServicePort, ServiceSpec, Toleration, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -44,6 +45,22 @@ pub struct JobParams {
     pub port: u16,
     /// The workload's threshold parameters, as `--param NAME=VALUE`.
     pub params: Vec<(String, f64)>,
+    /// Registered memory one rdmabench process of the workload takes at most (bytes).
+    pub registered_memory: u64,
+    /// The Secret (key `token`) holding the control channel's shared token.
+    pub token_secret: String,
+}
+
+/// Memory a pod needs beyond what its processes register: the processes themselves and
+/// `validate`'s test registration (64 MiB).
+pub const MEMORY_HEADROOM_MIB: u64 = 256;
+
+impl JobParams {
+    /// The pod's memory request and limit, MiB: room for the serving and the measuring
+    /// process (a fleet pod runs both) to register what the workload needs, plus headroom.
+    pub fn memory_mib(&self) -> u64 {
+        2 * self.registered_memory.div_ceil(1 << 20) + MEMORY_HEADROOM_MIB
+    }
 }
 
 pub const CONTAINER: &str = "rdmabench";
@@ -103,8 +120,13 @@ fn env(name: &str, value: impl Into<String>) -> EnvVar {
 /// a hostNetwork fleet that share a node do not collide. Two knobs exist for running the
 /// script outside Kubernetes (the lab runs it as three processes on one host):
 /// `RDMABENCH_PEER_ADDR` (one address for every peer) and `RDMABENCH_TERMINATION_LOG`.
+///
+/// Each process may register half of what the pod's memory limit leaves beyond the
+/// headroom (`--max-memory`, from `RDMABENCH_MEMORY_LIMIT_MIB`, the limit through the
+/// downward API), and both take the shared token from `RDMABENCH_TOKEN` (the Secret).
 const SCRIPT: &str = r#"set -u
 term=${RDMABENCH_TERMINATION_LOG:-/dev/termination-log}
+budget="$(( (RDMABENCH_MEMORY_LIMIT_MIB - RDMABENCH_MEMORY_HEADROOM_MIB) / 2 ))M"
 summary() { echo "$1" > "$term"; echo "$1"; }
 i=${JOB_COMPLETION_INDEX}
 tmp=$(mktemp -d)
@@ -115,16 +137,18 @@ set -- $(rdmabench k8s role --index "$i" $RDMABENCH_ROLE_ARGS)
 serve=$1; peer=$2
 if [ "$serve" = yes ]; then
   if [ "$peer" = - ]; then
-    rdmabench run --serve -d "$RDMABENCH_DEVICES" -p $((RDMABENCH_PORT + i)) --connect-timeout 900; rc=$?
+    rdmabench run --serve -d "$RDMABENCH_DEVICES" -p $((RDMABENCH_PORT + i)) --connect-timeout 900 \
+      --max-memory "$budget"; rc=$?
     summary "pod $i served the workload (exit $rc)"; exit $rc
   fi
-  rdmabench run --serve -d "$RDMABENCH_DEVICES" -p $((RDMABENCH_PORT + i)) --connect-timeout 900 > "$tmp/serve.log" 2>&1 &
+  rdmabench run --serve -d "$RDMABENCH_DEVICES" -p $((RDMABENCH_PORT + i)) --connect-timeout 900 \
+    --max-memory "$budget" > "$tmp/serve.log" 2>&1 &
   server=$!
 fi
 rdmabench run "$RDMABENCH_WORKLOADS/$RDMABENCH_WORKLOAD.toml" \
   --peer "${RDMABENCH_PEER_ADDR:-$RDMABENCH_JOB-$peer.$RDMABENCH_SERVICE}" \
   -d "$RDMABENCH_DEVICES" --rails "$RDMABENCH_RAILS" -p $((RDMABENCH_PORT + peer)) --connect-timeout 900 \
-  --json "$tmp/run.json" ${RDMABENCH_RUN_ARGS:-}
+  --max-memory "$budget" --json "$tmp/run.json" ${RDMABENCH_RUN_ARGS:-}
 rc=$?
 run=null; [ -s "$tmp/run.json" ] && run=$(tr -d '\n' < "$tmp/run.json")
 echo "RDMABENCH_RESULT {\"pod\":$i,\"peer\":$peer,\"node\":\"$(hostname)\",\"exit\":$rc,\"run\":$run}"
@@ -137,7 +161,10 @@ exit $rc
 fn container(p: &JobParams) -> Container {
     let m = p.mode;
     let quantity = if m.quantity_is_nics { p.nics } else { 1 };
-    let mut resources = BTreeMap::from([(m.resource.to_string(), Quantity(quantity.to_string()))]);
+    let mut resources = BTreeMap::from([
+        (m.resource.to_string(), Quantity(quantity.to_string())),
+        ("memory".to_string(), Quantity(format!("{}Mi", p.memory_mib()))),
+    ]);
     if let Some(g) = p.gpus {
         resources.insert("nvidia.com/gpu".into(), Quantity(g.to_string()));
     }
@@ -174,6 +201,31 @@ fn container(p: &JobParams) -> Container {
             env("RDMABENCH_PORT", p.port.to_string()),
             env("RDMABENCH_DEVICES", "all"),
             env("RDMABENCH_RAILS", "concurrent"),
+            EnvVar {
+                name: "RDMABENCH_MEMORY_LIMIT_MIB".into(),
+                value_from: Some(EnvVarSource {
+                    resource_field_ref: Some(ResourceFieldSelector {
+                        container_name: Some(CONTAINER.into()),
+                        resource: "limits.memory".into(),
+                        divisor: Some(Quantity("1Mi".into())),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            env("RDMABENCH_MEMORY_HEADROOM_MIB", MEMORY_HEADROOM_MIB.to_string()),
+            EnvVar {
+                name: crate::session::auth::TOKEN_ENV.into(),
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: p.token_secret.clone(),
+                        key: "token".into(),
+                        optional: Some(false),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
             env(
                 "RDMABENCH_RUN_ARGS",
                 p.params.iter().map(|(k, v)| format!("--param {k}={v}")).collect::<Vec<_>>().join(" "),
@@ -184,8 +236,12 @@ fn container(p: &JobParams) -> Container {
             limits: Some(resources),
             ..Default::default()
         }),
+        // Least privilege: every capability dropped but the ones registration needs
+        // (IPC_LOCK; SYS_RESOURCE on ACK), no escalation, the runtime's seccomp profile.
         security_context: Some(SecurityContext {
-            capabilities: Some(Capabilities { add: Some(caps), ..Default::default() }),
+            capabilities: Some(Capabilities { add: Some(caps), drop: Some(vec!["ALL".into()]) }),
+            allow_privilege_escalation: Some(false),
+            seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
             ..Default::default()
         }),
         volume_mounts: Some(mounts),
@@ -209,7 +265,9 @@ fn volumes(m: &Mode) -> Vec<Volume> {
             name: "nvidia-topologyd".into(),
             host_path: Some(HostPathVolumeSource {
                 path: crate::validate::sysfs::TOPOLOGY_DIR.into(),
-                type_: Some("DirectoryOrCreate".into()),
+                // The device plugin's topology daemon makes it; a node without it is not one
+                // of this mode's nodes, and the kubelet must not create an empty one.
+                type_: Some("Directory".into()),
             }),
             ..Default::default()
         });
@@ -272,6 +330,8 @@ pub fn job(p: &JobParams) -> Job {
                 .then(|| vec![Toleration { operator: Some("Exists".into()), ..Default::default() }]),
             affinity: affinity(p),
             containers: vec![container(p)],
+            // The pods never talk to the API server.
+            automount_service_account_token: Some(false),
             volumes: Some(volumes(m)),
             ..Default::default()
         }),
@@ -336,7 +396,9 @@ pub fn render(p: &JobParams) -> String {
     };
     let header = format!(
         "# rdmabench {} {what}: {} {} ({}), {} NIC(s){}, workload {}.\n# Generated by `rdmabench k8s \
-         render`; apply with kubectl apply -f, read the results with\n# kubectl logs -l \
+         render`. The pods take the control channel's token from Secret {secret}; create it once\n# per \
+         namespace: kubectl create secret generic {secret} --from-literal=token=$(head -c 32 /dev/urandom | \
+         base64)\n# Apply with kubectl apply -f, read the results with\n# kubectl logs -l \
          batch.kubernetes.io/job-name={} --tail=-1 --max-log-requests={} | rdmabench summarize{} -\n",
         env!("CARGO_PKG_VERSION"),
         platform_name(p.mode.platform),
@@ -347,7 +409,8 @@ pub fn render(p: &JobParams) -> String {
         p.workload,
         p.name,
         p.fleet.map_or(2, |f| f.0),
-        p.fleet.map_or(String::new(), |(n, t)| format!(" --pods {n} --topology {}", t.name()))
+        p.fleet.map_or(String::new(), |(n, t)| format!(" --pods {n} --topology {}", t.name())),
+        secret = p.token_secret,
     );
     format!("{header}{svc}---\n{job}")
 }

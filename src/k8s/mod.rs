@@ -38,7 +38,12 @@ pub struct RenderRequest {
     pub port: u16,
     /// `--param NAME=VALUE` for the workload's thresholds, passed to the pods' `run`.
     pub params: Vec<(String, f64)>,
+    /// The Secret holding the shared token (key `token`).
+    pub token_secret: String,
 }
+
+/// The Secret the Jobs take the token from unless told otherwise.
+pub const DEFAULT_TOKEN_SECRET: &str = "rdmabench-token";
 
 /// The text of a workload the image ships (the same files: `Dockerfile` copies workloads/).
 fn shipped_text(name: &str) -> Option<&'static str> {
@@ -95,7 +100,27 @@ pub fn plan(r: &RenderRequest) -> Result<(JobParams, Vec<String>)> {
     // The parameters must be the workload's own: the pods would fail on them at run time.
     let text = shipped_text(&r.workload).expect("every shipped workload has its text");
     let user: BTreeMap<String, f64> = r.params.iter().cloned().collect();
-    crate::workload::file::parse(text, &format!("{}.toml", r.workload), &user)?;
+    let workload = crate::workload::file::parse(text, &format!("{}.toml", r.workload), &user)?;
+    // What one rdmabench process registers at most: the largest step's need on every rail.
+    let registered_memory = workload
+        .steps
+        .iter()
+        .filter_map(|s| match &s.kind {
+            crate::workload::file::StepKind::Measure(m) => Some(crate::link::memory_need(&m.spec)),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+        .saturating_mul(r.nics.max(1) as u64);
+    let secret_ok = !r.token_secret.is_empty()
+        && r.token_secret.len() <= 253
+        && r.token_secret.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
+    if !secret_ok {
+        return Err(Error::Usage(format!(
+            "--token-secret {:?}: a Secret's name is lowercase letters, digits, '-' and '.'",
+            r.token_secret
+        )));
+    }
     // The platform's defaults for the parameters the workload declares, then the user's.
     let declared = declared_params(text);
     let mut params: Vec<(String, f64)> = platform::default_params(r.platform)
@@ -150,6 +175,8 @@ pub fn plan(r: &RenderRequest) -> Result<(JobParams, Vec<String>)> {
             deadline_s: r.deadline_s,
             port: r.port,
             params,
+            registered_memory,
+            token_secret: r.token_secret.clone(),
         },
         warnings,
     ))
@@ -173,6 +200,7 @@ pub fn committed() -> Vec<(String, RenderRequest)> {
         deadline_s: 1800,
         port: 18515,
         params: Vec::new(),
+        token_secret: DEFAULT_TOKEN_SECRET.into(),
     };
     let mut v: Vec<(String, RenderRequest)> = platform::MODES
         .iter()
@@ -312,9 +340,68 @@ mod tests {
         )
         .unwrap();
         assert_eq!(blocks.as_array().unwrap().len(), 4);
-        assert_eq!(pod["volumes"][1]["hostPath"]["type"], "DirectoryOrCreate");
+        assert_eq!(pod["volumes"][1]["hostPath"]["type"], "Directory");
         assert_eq!(c["volumeMounts"][1]["readOnly"], true);
         assert!(pod["affinity"]["podAntiAffinity"].is_object(), "cross-node by default");
+    }
+
+    /// Least privilege in every committed manifest (every platform mode and the fleet).
+    #[test]
+    fn every_rendered_pod_has_least_privilege_a_memory_budget_and_the_token() {
+        for (path, r) in committed() {
+            let (p, _) = plan(&r).unwrap();
+            let (_, job) = rendered(&r);
+            let pod = &job["spec"]["template"]["spec"];
+            let c = &pod["containers"][0];
+            let sc = &c["securityContext"];
+            let mut add = vec!["IPC_LOCK"];
+            if p.mode.sys_resource {
+                add.push("SYS_RESOURCE");
+            }
+            assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]), "{path}");
+            assert_eq!(sc["capabilities"]["add"], serde_json::json!(add), "{path}");
+            assert_eq!(sc["allowPrivilegeEscalation"], false, "{path}");
+            assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{path}");
+            assert!(sc.get("privileged").is_none_or(|v| v == false), "{path}");
+            assert_eq!(pod["automountServiceAccountToken"], false, "{path}");
+            let mem = c["resources"]["limits"]["memory"].as_str().unwrap();
+            assert_eq!(c["resources"]["requests"]["memory"], mem, "{path}");
+            let mib: u64 = mem.trim_end_matches("Mi").parse().unwrap();
+            assert!(mib >= manifest::MEMORY_HEADROOM_MIB + 2 * (p.registered_memory >> 20), "{path}: {mem}");
+            assert!(p.registered_memory > 0, "{path}");
+            for v in pod["volumes"].as_array().unwrap() {
+                if let Some(h) = v.get("hostPath") {
+                    assert_eq!(h["type"], "Directory", "{path}");
+                }
+            }
+            let env = |name: &str| c["env"].as_array().unwrap().iter().find(|e| e["name"] == name).cloned().unwrap();
+            let token = env("RDMABENCH_TOKEN");
+            assert_eq!(token["valueFrom"]["secretKeyRef"]["name"], DEFAULT_TOKEN_SECRET, "{path}");
+            assert_eq!(token["valueFrom"]["secretKeyRef"]["key"], "token", "{path}");
+            let limit = env("RDMABENCH_MEMORY_LIMIT_MIB");
+            assert_eq!(limit["valueFrom"]["resourceFieldRef"]["resource"], "limits.memory", "{path}");
+            let script = c["command"][2].as_str().unwrap();
+            assert_eq!(script.matches("--max-memory \"$budget\"").count(), 3, "{path}: serve (twice) and run");
+        }
+    }
+
+    #[test]
+    fn the_workloads_need_sizes_the_pods_memory() {
+        let mut r = request(Platform::Vke, "exclusive", 1);
+        r.workload = "smoke".into();
+        let small = plan(&r).unwrap().0;
+        r.workload = "sweep".into();
+        let sweep = plan(&r).unwrap().0;
+        r.nics = 4;
+        let four = plan(&r).unwrap().0;
+        // smoke's validated 64 KiB bandwidth step cycles over a slot per message in flight
+        // (128 x 64 KiB per region); the sweep's largest step is 8 MiB messages, one per region.
+        assert_eq!(small.registered_memory, 2 * 128 * (64 << 10));
+        assert_eq!(sweep.registered_memory, 2 * (8 << 20));
+        assert_eq!(four.registered_memory, 4 * sweep.registered_memory, "every rail registers its own");
+        assert!(four.memory_mib() > sweep.memory_mib());
+        r.token_secret = "Not A Name".into();
+        assert_eq!(plan(&r).unwrap_err().exit_code(), 2);
     }
 
     #[test]
