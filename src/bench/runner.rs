@@ -18,7 +18,7 @@ use crate::report::json::{self, Document};
 use crate::report::table::{self, Units};
 use crate::report::{Environment, LatencyResult, RailResult, RunResult, SizeResult, rail_label};
 use crate::session::auth::Token;
-use crate::session::{Channel, Listener, Message, RailHello, handshake};
+use crate::session::{Channel, Door, Message, RailHello, handshake};
 use crate::spec::rails::{Devices, RailMode};
 use crate::spec::{Measure, Operation, TestSpec, Transport};
 use crate::stats::cpu::CpuMeter;
@@ -75,6 +75,11 @@ impl RunOptions {
         } else {
             Box::new(std::io::stdout())
         }
+    }
+
+    /// The server's door on `--bind`/`-p`, requiring the token when one is set.
+    fn door(&self) -> Result<Door> {
+        Door::bind(self.bind, self.tcp_port, self.token.clone(), self.timeout)
     }
 
     /// The output files can be written: checked before anything is measured.
@@ -478,19 +483,19 @@ fn measure_size(
 
 /// Serves one test: learns the spec from the client, follows it on every rail the client
 /// opens (one session each), prints the results. A connection that is no client, fails
-/// the token or is refused before its test began (a spec this side cannot run, over the
-/// memory budget) is logged and the next one awaited; once a test has connected its QPs,
-/// its outcome is the server's.
+/// the token, or whose own spec is refused (an invalid spec, over the memory budget) is
+/// logged and the next one awaited: a stranger cannot end it. Once a hello has passed
+/// those checks, what fails may be this side's own setup (its rails, device, GID), so
+/// that test's outcome is the server's, as in perftest.
 pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult> {
     opts.check_outputs()?;
-    let listener = Listener::bind(opts.bind, opts.tcp_port)?;
+    let door = opts.door()?;
     loop {
-        match next_client(&listener, opts)? {
-            None => {}
-            Some((chan, Message::Finish { .. })) => {
+        match door.next(opts.connect_timeout)? {
+            (chan, Message::Finish { .. }) => {
                 eprintln!("rdmabench: {} sent a finish: this server runs one test; still serving", chan.peer());
             }
-            Some((chan, hello)) => match serve(&listener, chan, hello, opts, local_test_flags) {
+            (chan, hello) => match serve(&door, chan, hello, opts, local_test_flags) {
                 (Err(e), false) if !matches!(e, Error::Interrupted(_)) => {
                     eprintln!("rdmabench: a session was refused before its test began: {e}; still serving");
                 }
@@ -504,34 +509,18 @@ pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult>
 /// authenticated client says it has finished, or a signal. A failed or hostile session is
 /// logged and the next awaited: the client owns the verdict.
 pub fn serve_workload(opts: &RunOptions) -> Result<()> {
-    let listener = Listener::bind(opts.bind, opts.tcp_port)?;
+    let door = opts.door()?;
     loop {
-        match next_client(&listener, opts)? {
-            None => {}
-            Some((mut chan, Message::Finish { .. })) => {
+        match door.next(opts.connect_timeout)? {
+            (mut chan, Message::Finish { .. }) => {
                 chan.send(&Message::Bye)?;
                 return Ok(());
             }
-            Some((chan, hello)) => match serve(&listener, chan, hello, opts, &[]) {
+            (chan, hello) => match serve(&door, chan, hello, opts, &[]) {
                 (Err(e @ Error::Interrupted(_)), _) => return Err(e),
                 (Err(e), _) => eprintln!("rdmabench: this session failed: {e}; waiting for the next"),
                 (Ok(_), _) => {}
             },
-        }
-    }
-}
-
-/// The next connection and its first message, once authenticated. A connection that
-/// closes, probes, sends garbage, stays silent or fails the token before its test is not
-/// a client: it is logged with its address and `None` returned.
-fn next_client(listener: &Listener, opts: &RunOptions) -> Result<Option<(Channel, Message)>> {
-    let mut chan = listener.accept(opts.connect_timeout, opts.timeout)?;
-    match handshake::opening(&mut chan, opts.token.as_ref(), "the client's hello") {
-        Ok(msg) => Ok(Some((chan, msg))),
-        Err(e @ Error::Interrupted(_)) => Err(e),
-        Err(e) => {
-            eprintln!("rdmabench: a connection from {} ended before its test: {e}; still serving", chan.peer());
-            Ok(None)
         }
     }
 }
@@ -553,9 +542,9 @@ fn announced_rails(hello: &Message) -> Vec<String> {
 /// Serves one test on every rail: the first session's hello says how many rails the
 /// client has; the others are accepted on the same port, each checked (a known, unused
 /// rail index and the same rails), and served side by side.
-/// Returns the outcome and whether any rail got as far as connecting its QPs.
+/// Returns the outcome and whether the test began (see [`server`]).
 fn serve(
-    listener: &Listener,
+    door: &Door,
     mut first: Channel,
     hello: Message,
     opts: &RunOptions,
@@ -565,22 +554,23 @@ fn serve(
         Ok(d) => d,
         Err(e) => {
             let _ = handshake::answer(&mut first, &hello, &[], |_, _| Err::<(), _>(e.clone()));
-            return (Err(e), false);
+            // This side's devices: no client can cure that.
+            return (Err(e), true);
         }
     };
-    let connected = AtomicBool::new(false);
-    let result = serve_rails(listener, first, hello, opts, local_test_flags, &ours, &connected);
-    (result, connected.load(Ordering::Relaxed))
+    let began = AtomicBool::new(false);
+    let result = serve_rails(door, first, hello, opts, local_test_flags, &ours, &began);
+    (result, began.load(Ordering::Relaxed))
 }
 
 fn serve_rails(
-    listener: &Listener,
+    door: &Door,
     first: Channel,
     hello: Message,
     opts: &RunOptions,
     local_test_flags: &[&str],
     ours: &[String],
-    connected: &AtomicBool,
+    began: &AtomicBool,
 ) -> Result<RunResult> {
     let theirs = announced_rails(&hello);
     let n = theirs.len().max(1);
@@ -599,14 +589,14 @@ fn serve_rails(
     }
     let clock = Clock::new();
     let seen = Mutex::new(vec![false; n]);
-    let server = RailServer { opts, ours, theirs: &theirs, seen: &seen, clock: &clock, connected };
+    let server = RailServer { opts, ours, theirs: &theirs, seen: &seen, clock: &clock, began };
     let outcomes: Vec<Result<(RunResult, Environment)>> = std::thread::scope(|scope| {
         let mut handles = Vec::new();
         let mut pending = Some((first, hello));
         for _ in 0..n {
             let (chan, hello) = match pending.take() {
                 Some(p) => p,
-                None => match next_rail(listener, opts) {
+                None => match next_rail(door, opts) {
                     Ok(p) => p,
                     Err(e) => {
                         handles.push(scope.spawn(move || Err(e)));
@@ -660,15 +650,14 @@ fn serve_rails(
     }
 }
 
-/// The hello of the client's next rail; stray connections meanwhile are logged and skipped.
-fn next_rail(listener: &Listener, opts: &RunOptions) -> Result<(Channel, Message)> {
+/// The hello of the client's next rail; anything else meanwhile is logged and skipped.
+fn next_rail(door: &Door, opts: &RunOptions) -> Result<(Channel, Message)> {
     loop {
-        match next_client(listener, opts)? {
-            Some((chan, hello @ Message::Hello { .. })) => return Ok((chan, hello)),
-            Some((chan, other)) => {
+        match door.next(opts.connect_timeout)? {
+            (chan, hello @ Message::Hello { .. }) => return Ok((chan, hello)),
+            (chan, other) => {
                 eprintln!("rdmabench: {} sent a {} while rails were opening; ignored", chan.peer(), other.kind())
             }
-            None => {}
         }
     }
 }
@@ -715,8 +704,8 @@ struct RailServer<'a> {
     /// Which of the client's rails have opened their session.
     seen: &'a Mutex<Vec<bool>>,
     clock: &'a Clock,
-    /// Set once a rail has connected its QPs: the test has begun.
-    connected: &'a AtomicBool,
+    /// Set once a rail's hello passed the checks of the client's own spec: the test began.
+    began: &'a AtomicBool,
 }
 
 impl RailServer<'_> {
@@ -743,10 +732,11 @@ impl RailServer<'_> {
     }
 
     fn follow(&self, chan: &mut Channel, hello: Message) -> Result<(RunResult, Environment)> {
-        let RailServer { opts, ours, theirs, seen, clock, connected } = *self;
+        let RailServer { opts, ours, theirs, seen, clock, began } = *self;
         let (spec, index) = handshake::answer(chan, &hello, ours, |s, rail| {
             s.check()?;
             memory::check(s, theirs.len().max(1), opts.max_memory, "this server")?;
+            began.store(true, Ordering::Relaxed);
             let (index, devices) = match rail {
                 Some(r) => (r.index as usize, r.devices.clone()),
                 None => (0, ours.iter().take(1).cloned().collect()),
@@ -768,7 +758,6 @@ impl RailServer<'_> {
             cpus::pin(cpu);
         }
         let links = Prepared::new(&spec, &opts.rails.selection(&ours[index]))?.connect(Role::Server, &spec, chan)?;
-        connected.store(true, Ordering::Relaxed);
         check_sharing(&spec, &links[0].local, &links[0].remote, chan.peer())?;
         let env = links[0].environment(chan.peer());
         let my_cpus = &cpus[index];
