@@ -465,6 +465,32 @@ fn hostile_connections(port: &str, timeout: Duration) -> std::thread::JoinHandle
     })
 }
 
+/// Reads one control frame's JSON.
+fn read_frame(s: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).unwrap();
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut body).unwrap();
+    String::from_utf8(body).unwrap()
+}
+
+/// The hello a client sends for `args`, caught by a stand-in server that greets it.
+fn captured_hello(args: &[&str]) -> String {
+    use std::io::Write;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port().to_string();
+    let mut a = args.to_vec();
+    a.extend(["-p", &port, "--timeout", "2", "127.0.0.1"]);
+    let client = spawn(&a);
+    let (mut s, _) = l.accept().unwrap();
+    s.write_all(&frame(r#"{"type":"greeting","magic":"rdmabench","version":3,"nonce":"00"}"#)).unwrap();
+    let hello = read_frame(&mut s);
+    drop(s);
+    let _ = finish(client, Duration::from_secs(30));
+    hello
+}
+
 /// Peak resident memory of a process, from /proc (kB).
 fn peak_rss_kb(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -493,6 +519,17 @@ fn lab_serve_outlives_hostile_connections_and_refuses_specs_over_its_memory_budg
     for part in ["needs 128.0 MiB", "this server", "--max-memory 32.0 MiB"] {
         assert!(big.stderr.contains(part), "missing {part:?}: {}", big.stderr);
     }
+    assert!(peak_rss_kb(server.id()) < 64 << 10, "the server allocated: {} kB", peak_rss_kb(server.id()));
+    // The server's part alone: that hello, replayed by hand, is refused in under a second.
+    let hello = captured_hello(&["write-bw", "-s", "8M", "-q", "8", "-n", "10"]);
+    let mut raw = connect_raw(&port);
+    assert!(read_frame(&mut raw).contains("greeting"));
+    let t = Instant::now();
+    std::io::Write::write_all(&mut raw, &frame(&hello)).unwrap();
+    let answer = read_frame(&mut raw);
+    eprintln!("the server refused the replayed hello in {:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(1), "took {:?}", t.elapsed());
+    assert!(answer.contains("refuse") && answer.contains("--max-memory 32.0 MiB"), "{answer}");
     assert!(peak_rss_kb(server.id()) < 64 << 10, "the server allocated: {} kB", peak_rss_kb(server.id()));
     // The client's own budget refuses before any connection.
     let own = run(&["write-bw", "-s", "8M", "-q", "8", "--max-memory", "1M", "-p", &port, &addr]);

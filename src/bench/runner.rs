@@ -395,7 +395,8 @@ fn measure_size(
         latency::prepare(r.link, spec, size);
     }
     chan.send(&Message::Start { size })?;
-    match chan.recv("the server to get ready")? {
+    // The server answers at once (it only resets its buffers): no heartbeat extends this.
+    match chan.recv_handshake("the server to get ready")? {
         Message::Ready { size: s } if s == size => {}
         other => {
             return Err(chan.unexpected(&other, "ready"));
