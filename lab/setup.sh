@@ -10,6 +10,8 @@ lab_packages=(
   rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils
   # the guest: Debian's kernel (ships rdma_rxe), QEMU, and the initramfs tools
   qemu-system-x86 linux-image-amd64 busybox-static iproute2 kmod cpio xz-utils util-linux
+  # a lab test captures a run's packets on a veth cable
+  tcpdump
   # lab/test and lab/bench read cargo's and rdmabench's JSON with it; lab/test validates
   # the Kubernetes manifests with kubernetes-validate (PyPI) in a virtual environment
   python3 python3-venv

@@ -1696,6 +1696,64 @@ fn lab_rails_a_pod_that_sees_two_of_four_devices() {
     assert_eq!(devices, ["rxea0", "rxea1"]);
 }
 
+/// The UDP source port a RoCE v2 device derives from a flow label (the kernel's
+/// rdma_flow_label_to_udp_sport).
+fn udp_sport_of_flow_label(fl: u32) -> u32 {
+    ((fl & 0x3fff) ^ ((fl & 0xf_c000) >> 14)) | 0xc000
+}
+
+/// RoCE v2 packets on cable 0 during a write-lat from rxea0 to rxeb0 with `extra`:
+/// (IP TOS byte, UDP source port) of each, from tcpdump.
+fn captured_roce_packets(extra: &[&str]) -> Vec<(u32, u32)> {
+    let dump = Command::new("tcpdump")
+        .args(["-i", "a0", "-nn", "-v", "-l", "-c", "40", "udp", "port", "4791"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tcpdump (lab/setup.sh installs it)");
+    std::thread::sleep(Duration::from_secs(1));
+    let mut client = vec!["-d", "rxea0", "-n", "200"];
+    client.extend_from_slice(extra);
+    let (c, s) = rails_pair_in("write-lat", &client, &["-d", "rxeb0"], None);
+    assert_eq!((c.code, s.code), (0, 0), "{}\n{}", c.stderr, s.stderr);
+    let out = finish(dump, Duration::from_secs(30));
+    // "IP (tos 0x6a,ECT(0), ttl 64, ...)" then "    10.90.0.1.58177 > 10.90.1.1.4791: UDP, ..."
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    let packets: Vec<(u32, u32)> = lines
+        .windows(2)
+        .filter_map(|w| {
+            let tos = w[0].split("tos 0x").nth(1)?.split(|c: char| !c.is_ascii_hexdigit()).next()?;
+            let src = w[1].trim().split(' ').next()?;
+            let port = src.rsplit('.').next()?.parse().ok()?;
+            Some((u32::from_str_radix(tos, 16).ok()?, port))
+        })
+        .collect();
+    assert_eq!(packets.len(), 40, "40 packets parsed from:\n{}\n{}", out.stdout, out.stderr);
+    packets
+}
+
+/// `--tclass` reaches the IP header of every RoCE v2 packet in both directions (DSCP 26,
+/// ECN 2 for 106), and `--flow-label` sets the UDP source port as the kernel derives it
+/// (rxe hashes the QP number without one); the header names both.
+#[test]
+fn lab_rails_traffic_class_and_flow_label_reach_the_wire() {
+    let plain = captured_roce_packets(&[]);
+    assert!(plain.iter().all(|&(tos, _)| tos == 0), "default traffic class 0: {plain:?}");
+    let marked = captured_roce_packets(&["--tclass", "106", "--flow-label", "74565"]);
+    assert!(marked.iter().all(|&(tos, _)| tos == 106), "DS field 0x6a on every packet: {marked:?}");
+    let sport = udp_sport_of_flow_label(74565);
+    assert_eq!(sport, 58177);
+    assert!(marked.iter().all(|&(_, p)| p == sport), "UDP source port {sport} from the flow label: {marked:?}");
+    let (c, _) =
+        rails_pair_in("write-lat", &["-d", "rxea0", "-n", "10", "--tclass", "106", "-u", "10"], &["-d", "rxeb0"], None);
+    for part in ["traffic class 106 (DSCP 26, ECN 2)", "ACK timeout 10 (4.2 ms)"] {
+        assert!(c.stdout.contains(part), "missing {part:?}: {}", c.stdout);
+    }
+    let bad = run(&["write-lat", "-d", "rxea0", "--sl", "16", RAILS_SERVER]);
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+    assert!(bad.stderr.contains("--sl 0..=15"), "{}", bad.stderr);
+}
+
 #[test]
 fn lab_rails_bad_device_lists_are_refused_before_any_traffic() {
     let twice = run(&["write-bw", "-d", "rxea0,rxea0", RAILS_SERVER]);

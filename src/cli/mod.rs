@@ -20,7 +20,7 @@ use crate::report::plot::Request as PlotRequest;
 use crate::report::table::Units;
 use crate::session::auth::Token;
 use crate::spec::rails::{Devices, RailMode};
-use crate::spec::{AtomicOp, Field, Measure, Notify, Operation, Options, TestSpec, Transport};
+use crate::spec::{AtomicOp, Fabric, FabricOptions, Field, Measure, Notify, Operation, Options, TestSpec, Transport};
 use crate::units::{parse_bytes, parse_bytes_u32};
 use crate::validate::profiles::ProfileName;
 use crate::validate::sysfs::{TOPOLOGY_DIR, Tree};
@@ -324,6 +324,55 @@ pub struct TestArgs {
          each record's frame word, as write-lat polls the last byte) (default: {})",
         crate::spec::per_test_where(|s| s.ring.map(|r| r.notify.label()))))]
     pub notify: Option<Notify>,
+    #[command(flatten)]
+    pub fabric: FabricArgs,
+}
+
+/// The fabric flags of a test: which switch queue its packets take and how RC retransmits
+/// (`spec::fabric`; perftest's names where they exist).
+#[derive(Args, Debug, Clone, Default)]
+pub struct FabricArgs {
+    #[arg(long = "tclass", value_name = "TC", help = format!(
+        "Traffic class of the GRH, on RoCE v2 the IP DS field: DSCP << 2 | ECN, 0..=255; NCCL's counterpart is \
+         NCCL_IB_TC (default {})", Fabric::default().traffic_class))]
+    pub traffic_class: Option<u32>,
+    #[arg(short = 'S', long = "sl", value_name = "SL", help = format!(
+        "Service level, 0..=15; NCCL's counterpart is NCCL_IB_SL (default {})", Fabric::default().service_level))]
+    pub service_level: Option<u32>,
+    #[arg(long = "flow-label", visible_alias = "flow_label", value_name = "LABEL", help = format!(
+        "Flow label of the GRH, 0..=1048575; RoCE v2 devices derive the UDP source port from it, and so the ECMP \
+         path (default {})", Fabric::default().flow_label))]
+    pub flow_label: Option<u32>,
+    #[arg(long = "hop-limit", value_name = "N", help = format!(
+        "Hop limit of the GRH (the IPv6 hop limit; rxe's IPv4 packets keep the route's TTL), 1..=255 (default {})",
+        Fabric::default().hop_limit))]
+    pub hop_limit: Option<u32>,
+    #[arg(short = 'u', long = "qp-timeout", value_name = "N", help = format!(
+        "RC's local ACK timeout exponent: 4.096 us x 2^N before a retransmission, 0..=31; 0 waits forever \
+         (default {})", Fabric::default().qp_timeout))]
+    pub qp_timeout: Option<u32>,
+    #[arg(long = "retry-count", visible_alias = "retry_count", value_name = "N", help = format!(
+        "RC retransmissions before the QP fails, 0..=7; a lost peer or path ends the run after 4.096 us x 2^u x \
+         (retry + 1) (default {})", Fabric::default().retry_count))]
+    pub retry_count: Option<u32>,
+    #[arg(long = "rnr-retry", value_name = "N", help = format!(
+        "Retries when the receiver had no receive posted, 0..=7; 7 retries forever (default {})",
+        Fabric::default().rnr_retry))]
+    pub rnr_retry: Option<u32>,
+}
+
+impl FabricArgs {
+    pub fn options(&self) -> FabricOptions {
+        FabricOptions {
+            traffic_class: self.traffic_class,
+            service_level: self.service_level,
+            flow_label: self.flow_label,
+            hop_limit: self.hop_limit,
+            qp_timeout: self.qp_timeout,
+            retry_count: self.retry_count,
+            rnr_retry: self.rnr_retry,
+        }
+    }
 }
 
 /// Where the RDMA view is read from; fixtures in tests, another root for a host's tree.
@@ -660,6 +709,7 @@ impl TestArgs {
             capacity: self.capacity,
             batch: self.batch,
             notify: self.notify,
+            fabric: self.fabric.options(),
         }
     }
 

@@ -18,11 +18,12 @@ use crate::error::{Error, Result};
 use crate::report::{Environment, PeerEnvironment};
 use crate::session::{Channel, Message, PeerPoll, proto};
 use crate::spec::ring::{self, Notify};
-use crate::spec::{Measure, Operation, TestSpec, check_against_device};
+use crate::spec::{Fabric, Measure, Operation, TestSpec, check_against_device};
 use crate::stats::Clock;
 use crate::verbs::cm::{self, CmConnection, CmListener};
 use crate::verbs::gid::{self, Family, GidKind, LinkLayer, SideChoice};
 use crate::verbs::qp::GRH_BYTES;
+use crate::verbs::qp::PathParams;
 use crate::verbs::{DeviceSelection, Qp, QpCaps, Rdma, RecvRequest, RegisteredBuf, Transport};
 use crate::verbs::{Endpoint, NicIdentity};
 use wait::RecvRing;
@@ -119,6 +120,20 @@ pub fn memory_need(spec: &TestSpec) -> u64 {
     per_lane.saturating_mul(spec.lanes() as u64)
 }
 
+/// The verbs' path parameters of a spec's fabric fields (checked to fit by `TestSpec::check`).
+fn path_params(f: &Fabric) -> PathParams {
+    let byte = |v: u32| u8::try_from(v).unwrap_or(u8::MAX);
+    PathParams {
+        traffic_class: byte(f.traffic_class),
+        service_level: byte(f.service_level),
+        flow_label: f.flow_label,
+        hop_limit: byte(f.hop_limit),
+        ack_timeout: byte(f.qp_timeout),
+        retry_count: byte(f.retry_count),
+        rnr_retry: byte(f.rnr_retry),
+    }
+}
+
 pub struct Link {
     // Drop order: QP, then buffer, then device (PD before context).
     pub qp: Qp,
@@ -165,7 +180,8 @@ impl Prepared {
         let mut lanes = Vec::with_capacity(spec.lanes() as usize);
         for _ in 0..spec.lanes() {
             let buf = RegisteredBuf::new(&rdma.pd, layout.total_len())?;
-            let qp = Qp::create(&rdma, spec.transport, caps)?;
+            let mut qp = Qp::create(&rdma, spec.transport, caps)?;
+            qp.set_path(path_params(&spec.fabric));
             let local = Endpoint {
                 node: crate::session::hostname(),
                 device: rdma.name().to_string(),
@@ -205,7 +221,7 @@ impl Prepared {
     fn try_connect(self, role: Role, spec: &TestSpec, chan: &mut Channel) -> Result<Vec<Link>> {
         let Prepared { lanes, rdma, layout, inline_size, rd_atomic } = self;
         let listener = match role {
-            Role::Server if spec.rdma_cm => Some(CmListener::listen(&rdma)?),
+            Role::Server if spec.rdma_cm => Some(CmListener::listen(&rdma, spec.fabric.traffic_class as u8)?),
             _ => None,
         };
         let mut links = Vec::with_capacity(lanes.len());

@@ -50,6 +50,10 @@ pub fn banner(out: &mut dyn Write, spec: &TestSpec, env: &Environment, role: &st
         env.inline_size,
         if spec.validate_data { "ON" } else { "OFF" }
     )?;
+    writeln!(out, " Path           : {}", spec.fabric.describe())?;
+    if spec.transport == crate::spec::Transport::Rc {
+        writeln!(out, " Retransmission : {}", spec.fabric.describe_retry())?;
+    }
     writeln!(out, " local  GID index {} : {} ({})", env.gid_index, env.gid, env.gid_type)?;
     writeln!(
         out,

@@ -3,6 +3,7 @@
 //! device flags. Checks that need no device live here; checks against a device's
 //! limits live in `check_against_device`, fed with the limits the verbs layer read.
 
+pub mod fabric;
 pub mod options;
 pub mod rails;
 pub mod ring;
@@ -10,6 +11,7 @@ pub mod ring;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+pub use fabric::{Fabric, FabricOptions};
 pub use options::{Field, Names, Options, Refusal};
 pub use ring::{Notify, RingParams};
 
@@ -201,6 +203,9 @@ pub struct TestSpec {
     /// Ring tests: the ring's capacity, notification and batching.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ring: Option<RingParams>,
+    /// Traffic class, SL, flow label, hop limit and RC retransmission (`spec::fabric`).
+    #[serde(default)]
+    pub fabric: Fabric,
 }
 
 /// A bandwidth test requests a completion at least once per this many bytes sent.
@@ -243,6 +248,7 @@ impl TestSpec {
             profile: None,
             corrupt_at: None,
             ring: TestSpec::default_ring(operation, measure, d.size),
+            fabric: Fabric::default(),
         }
     }
 
@@ -371,6 +377,7 @@ impl TestSpec {
                 ),
             );
         }
+        self.fabric.check(n)?;
         if let Some(&big) = self.sizes.iter().find(|&&s| s > MAX_MESSAGE_SIZE) {
             return no(
                 Field::Size,

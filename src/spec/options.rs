@@ -3,6 +3,7 @@
 //! place. [`Field`] names each option both ways, so a refusal says `-t` on the command line
 //! and `tx_depth` in a workload without either side parsing messages.
 
+use super::fabric::FabricOptions;
 use super::{AtomicOp, Measure, Notify, Operation, RingParams, TestSpec, Transport};
 
 /// One option of a test, with its flag and its workload key.
@@ -32,11 +33,18 @@ pub enum Field {
     Capacity,
     Batch,
     Notify,
+    TrafficClass,
+    ServiceLevel,
+    FlowLabel,
+    HopLimit,
+    QpTimeout,
+    RetryCount,
+    RnrRetry,
 }
 
 impl Field {
     /// (field, flag, workload key)
-    const NAMES: [(Field, &'static str, &'static str); 24] = [
+    const NAMES: [(Field, &'static str, &'static str); 31] = [
         (Field::Transport, "-c", "transport"),
         (Field::WithImm, "--with-imm", "with_imm"),
         (Field::AtomicOp, "-A", "atomic_op"),
@@ -61,6 +69,13 @@ impl Field {
         (Field::Capacity, "--capacity", "capacity"),
         (Field::Batch, "--batch", "batch"),
         (Field::Notify, "--notify", "notify"),
+        (Field::TrafficClass, "--tclass", "tclass"),
+        (Field::ServiceLevel, "--sl", "sl"),
+        (Field::FlowLabel, "--flow-label", "flow_label"),
+        (Field::HopLimit, "--hop-limit", "hop_limit"),
+        (Field::QpTimeout, "-u", "qp_timeout"),
+        (Field::RetryCount, "--retry-count", "retry_count"),
+        (Field::RnrRetry, "--rnr-retry", "rnr_retry"),
     ];
 
     fn names(self) -> (&'static str, &'static str) {
@@ -118,6 +133,7 @@ pub struct Options {
     pub capacity: Option<u64>,
     pub batch: Option<u32>,
     pub notify: Option<Notify>,
+    pub fabric: FabricOptions,
 }
 
 impl Options {
@@ -149,6 +165,7 @@ impl Options {
             rdma_cm: self.rdma_cm,
             profile: self.profile.clone(),
             corrupt_at: self.corrupt_at,
+            fabric: self.fabric.fabric(),
             ..d
         };
         let ring_given = self.capacity.is_some() || self.batch.is_some() || self.notify.is_some();
@@ -191,7 +208,9 @@ impl Options {
             (Field::Batch, self.batch.is_some()),
             (Field::Notify, self.notify.is_some()),
         ];
-        given.into_iter().filter(|(_, g)| *g).map(|(f, _)| f).collect()
+        let mut fields: Vec<Field> = given.into_iter().filter(|(_, g)| *g).map(|(f, _)| f).collect();
+        fields.extend(self.fabric.given());
+        fields
     }
 }
 

@@ -24,7 +24,7 @@ use rdma_mummy_sys::{
     rdma_cm_event_type as ev, rdma_cm_id, rdma_conn_param, rdma_connect, rdma_create_event_channel, rdma_create_id,
     rdma_destroy_event_channel, rdma_destroy_id, rdma_disconnect, rdma_establish, rdma_event_channel, rdma_event_str,
     rdma_get_cm_event, rdma_init_qp_attr, rdma_listen, rdma_port_space, rdma_reject, rdma_resolve_addr,
-    rdma_resolve_route,
+    rdma_resolve_route, rdma_set_option,
 };
 
 use super::context::Rdma;
@@ -301,11 +301,28 @@ fn conn_param(qp: &Qp, rd_atomic: u8) -> rdma_conn_param {
         responder_resources: rd_atomic,
         initiator_depth: rd_atomic,
         flow_control: 0,
-        retry_count: super::qp::RETRY_COUNT,
-        rnr_retry_count: super::qp::RNR_RETRY,
+        retry_count: qp.path().retry_count,
+        rnr_retry_count: qp.path().rnr_retry,
         srq: 0,
         qp_num: qp.qpn(),
     }
+}
+
+/// rdma_cma.h's RDMA_OPTION_ID level and its RDMA_OPTION_ID_TOS option (a u8, RFC 2474),
+/// not in the generated bindings (an anonymous enum).
+const RDMA_OPTION_ID: i32 = 0;
+const RDMA_OPTION_ID_TOS: i32 = 0;
+
+/// Gives the id's traffic (its connection messages, and the route's traffic class) type of
+/// service `tos`.
+fn set_tos(id: &CmId, tos: u8) -> Result<()> {
+    let mut v = tos;
+    // SAFETY: the id is alive; the option takes one byte, which `v` is.
+    let rc = unsafe { rdma_set_option(id.ptr(), RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, (&mut v as *mut u8).cast(), 1) };
+    if rc != 0 {
+        return Err(os_fail(&format!("rdma_cm cannot set type of service {tos}")));
+    }
+    Ok(())
 }
 
 fn os_fail(what: &str) -> Error {
@@ -355,9 +372,11 @@ pub struct CmListener {
 }
 
 impl CmListener {
-    pub fn listen(rdma: &Rdma) -> Result<CmListener> {
+    /// Listens on `rdma`'s address; accepted connections get type of service `tos`.
+    pub fn listen(rdma: &Rdma, tos: u8) -> Result<CmListener> {
         let chan = EventChannel::new()?;
         let id = chan.create_id()?;
+        set_tos(&id, tos)?;
         let mut address = local_address(rdma)?;
         let mut os = to_os(&address);
         // SAFETY: the id is alive; `os` is a valid address of its family.
@@ -433,6 +452,7 @@ pub fn connect(
     let timeout = wait.timeout;
     let chan = EventChannel::new()?;
     let mut id = chan.create_id()?;
+    set_tos(&id, qp.path().traffic_class)?;
     let src = local_address(rdma)?;
     let (mut os_src, mut os_dst) = (to_os(&src), to_os(&dst));
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;

@@ -28,20 +28,24 @@ use super::wr::{RecvRequest, SendRequest, chain};
 
 /// Highest inline size probed; no NIC we know of goes beyond it.
 const INLINE_PROBE_MAX: u32 = 4096;
-/// RoCE v2 packets get this IP TTL.
-const HOP_LIMIT: u8 = 64;
 /// The Q_Key both sides of a UD test use.
 pub const UD_QKEY: u32 = 0x1111_1111;
 /// A UD receive buffer starts with room for the 40-byte GRH.
 pub const GRH_BYTES: u64 = 40;
 
-/// RC's local ACK timeout exponent: 4.096 us x 2^14 = 67 ms before a retransmission.
-pub const ACK_TIMEOUT: u8 = 14;
-/// RC retransmissions before the QP fails with a retry error (7 is the most).
-pub const RETRY_COUNT: u8 = 7;
-/// RNR (receiver not ready) retries: 7 means retry forever, so a receiver that is briefly
-/// short of posted receives slows the sender instead of failing it.
-pub const RNR_RETRY: u8 = 7;
+/// Where a QP's packets go and how RC retransmits them: the GRH's traffic class, flow
+/// label and hop limit, the service level, the local ACK timeout exponent and the retry
+/// counts. The caller (the link, from the spec) chooses them; ranges are checked there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathParams {
+    pub traffic_class: u8,
+    pub service_level: u8,
+    pub flow_label: u32,
+    pub hop_limit: u8,
+    pub ack_timeout: u8,
+    pub retry_count: u8,
+    pub rnr_retry: u8,
+}
 /// The wait this side asks an RNR sender to back off: code 12 = 0.64 ms.
 pub const MIN_RNR_TIMER: u8 = 12;
 
@@ -78,6 +82,8 @@ pub struct Qp {
     pub(super) channel: Option<Arc<CompletionChannel>>,
     pub transport: Transport,
     pub psn: u32,
+    /// Set with [`Qp::set_path`] before connecting.
+    path: Option<PathParams>,
 }
 
 // SAFETY: the raw pointers are libibverbs handles owned by the sideway objects held
@@ -118,6 +124,7 @@ impl Qp {
         // SAFETY: the handles live as long as `self` (their owners are fields).
         let (raw_qp, raw_send_cq, raw_recv_cq) = unsafe { (qp.qp(), send_cq.cq(), recv_cq.cq()) };
         Ok(Qp {
+            path: None,
             qp,
             _send_cq: send_cq,
             _recv_cq: recv_cq,
@@ -173,11 +180,21 @@ impl Qp {
         Ok(())
     }
 
+    /// The path and retransmission the QP is connected with.
+    pub fn set_path(&mut self, path: PathParams) {
+        self.path = Some(path);
+    }
+
+    pub fn path(&self) -> PathParams {
+        self.path.expect("set_path comes before connecting")
+    }
+
     /// Walks the QP to RTS against the peer's endpoint, at path MTU `mtu` bytes, allowing
     /// `rd_atomic` outstanding reads and atomics (RC only).
     pub fn connect(&mut self, rdma: &Rdma, remote: &Endpoint, mtu: u32, rd_atomic: u8) -> Result<()> {
         use ibv_qp_attr_mask as m;
-        let av = address_vector(rdma, remote)?;
+        let path = self.path();
+        let av = address_vector(rdma, remote, &path)?;
         self.init(rdma)?;
         // SAFETY: ibv_qp_attr is a C struct for which all-zero is a valid value.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -209,9 +226,9 @@ impl Qp {
         a.sq_psn = self.psn;
         let mut mask = m::IBV_QP_STATE.0 | m::IBV_QP_SQ_PSN.0;
         if self.transport == Transport::Rc {
-            a.timeout = ACK_TIMEOUT;
-            a.retry_cnt = RETRY_COUNT;
-            a.rnr_retry = RNR_RETRY;
+            a.timeout = path.ack_timeout;
+            a.retry_cnt = path.retry_count;
+            a.rnr_retry = path.rnr_retry;
             a.max_rd_atomic = rd_atomic;
             mask |= m::IBV_QP_TIMEOUT.0 | m::IBV_QP_RETRY_CNT.0 | m::IBV_QP_RNR_RETRY.0 | m::IBV_QP_MAX_QP_RD_ATOMIC.0;
         }
@@ -268,6 +285,23 @@ impl Qp {
         }
         if mask & m::IBV_QP_MAX_QP_RD_ATOMIC.0 != 0 {
             attr.max_rd_atomic = rd_atomic;
+        }
+        // rdma_cm's route gives the address and defaults; the spec's path wins.
+        let path = self.path();
+        if mask & m::IBV_QP_AV.0 != 0 {
+            attr.ah_attr.sl = path.service_level;
+            attr.ah_attr.grh.traffic_class = path.traffic_class;
+            attr.ah_attr.grh.flow_label = path.flow_label;
+            attr.ah_attr.grh.hop_limit = path.hop_limit;
+        }
+        if mask & m::IBV_QP_TIMEOUT.0 != 0 {
+            attr.timeout = path.ack_timeout;
+        }
+        if mask & m::IBV_QP_RETRY_CNT.0 != 0 {
+            attr.retry_cnt = path.retry_count;
+        }
+        if mask & m::IBV_QP_RNR_RETRY.0 != 0 {
+            attr.rnr_retry = path.rnr_retry;
         }
         if let Some(mtu) = mtu
             && attr.qp_state == ibv_qp_state::IBV_QPS_RTR
@@ -360,21 +394,22 @@ fn posted(rc: i32, verb: &str, likely: &str) -> Result<()> {
     Ok(())
 }
 
-fn address_vector(rdma: &Rdma, remote: &Endpoint) -> Result<ibv_ah_attr> {
+fn address_vector(rdma: &Rdma, remote: &Endpoint, path: &PathParams) -> Result<ibv_ah_attr> {
     // SAFETY: all-zero is a valid ibv_ah_attr.
     let mut av: ibv_ah_attr = unsafe { std::mem::zeroed() };
     av.port_num = rdma.port.port;
     av.dlid = remote.lid;
+    av.sl = path.service_level;
     if rdma.gid.use_grh {
         let dgid: std::net::Ipv6Addr =
             remote.gid.parse().map_err(|_| Error::Peer(format!("the peer sent an invalid GID {:?}", remote.gid)))?;
         av.is_global = 1;
         av.grh = ibv_global_route {
             dgid: ibv_gid { raw: dgid.octets() },
-            flow_label: 0,
+            flow_label: path.flow_label,
             sgid_index: rdma.gid.index as u8,
-            hop_limit: HOP_LIMIT,
-            traffic_class: 0,
+            hop_limit: path.hop_limit,
+            traffic_class: path.traffic_class,
         };
     }
     Ok(av)

@@ -16,7 +16,7 @@ use toml::Spanned;
 
 use crate::error::{Error, Result};
 use crate::report::metrics::{self, Threshold};
-use crate::spec::{AtomicOp, Field, Notify, Options, TESTS, TestSpec, Transport};
+use crate::spec::{AtomicOp, FabricOptions, Field, Notify, Options, TESTS, TestSpec, Transport};
 use crate::units::Bytes;
 use crate::validate::profiles::ProfileName;
 
@@ -104,6 +104,13 @@ struct RawStep {
     capacity: Option<Bytes>,
     batch: Option<u32>,
     notify: Option<Notify>,
+    tclass: Option<u32>,
+    sl: Option<u32>,
+    flow_label: Option<u32>,
+    hop_limit: Option<u32>,
+    qp_timeout: Option<u32>,
+    retry_count: Option<u32>,
+    rnr_retry: Option<u32>,
     repeat: Option<u32>,
     thresholds: Option<BTreeMap<String, Limit>>,
     tolerance: Option<BTreeMap<String, f64>>,
@@ -274,6 +281,15 @@ fn step(src: &Source, span: &Range<usize>, s: &RawStep, params: &BTreeMap<String
         capacity: s.capacity.map(|b| b.0),
         batch: s.batch,
         notify: s.notify,
+        fabric: FabricOptions {
+            traffic_class: s.tclass,
+            service_level: s.sl,
+            flow_label: s.flow_label,
+            hop_limit: s.hop_limit,
+            qp_timeout: s.qp_timeout,
+            retry_count: s.retry_count,
+            rnr_retry: s.rnr_retry,
+        },
     };
     let spec = options.spec(operation, measure);
     spec.check_named(Field::key).map_err(|r| err(r.field.key(), &r.message))?;

@@ -144,3 +144,15 @@ fn ring_tests_take_the_clis_defaults_and_their_own_keys() {
         "{e}"
     );
 }
+
+#[test]
+fn fabric_keys_set_the_path_and_out_of_range_ones_name_the_key() {
+    let text = format!("{BASE}tclass = 106\nsl = 3\nflow_label = 74565\nqp_timeout = 10\nretry_count = 2\n");
+    let w = parse(&text, "w.toml", &BTreeMap::new()).unwrap();
+    let StepKind::Measure(m) = &w.steps[0].kind else { panic!() };
+    let f = m.spec.fabric;
+    assert_eq!((f.traffic_class, f.service_level, f.flow_label, f.qp_timeout, f.retry_count), (106, 3, 74565, 10, 2));
+    assert_eq!((f.hop_limit, f.rnr_retry), (64, 7), "the rest keep their defaults");
+    let e = err(&format!("{BASE}sl = 16\n"));
+    assert!(e.contains("sl 16 is out of range; use sl 0..=15"), "{e}");
+}
