@@ -1754,6 +1754,70 @@ fn lab_rails_traffic_class_and_flow_label_reach_the_wire() {
     assert!(bad.stderr.contains("--sl 0..=15"), "{}", bad.stderr);
 }
 
+/// Runs `tc` in the guest, failing the test if it fails.
+fn tc(args: &[&str]) {
+    let out = Command::new("tc").args(args).output().unwrap();
+    assert!(out.status.success(), "tc {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A write-bw over cable 0 whose cable then loses every packet: how long after the loss
+/// the client ended, and its outcome.
+fn write_bw_until_the_cable_dies(extra: &[&str]) -> (Out, Duration) {
+    let port = next_port();
+    let server = spawn(&["write-bw", "-d", "rxeb0", "-p", &port, "--timeout", "30"]);
+    let mut args = vec!["write-bw", "-d", "rxea0", "-p", &port, "-D", "30", "--timeout", "30"];
+    args.extend_from_slice(extra);
+    args.push(RAILS_SERVER);
+    let mut client = spawn(&args);
+    let stdout = await_output(&mut client, "#bytes", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_secs(1));
+    tc(&["qdisc", "add", "dev", "a0", "root", "netem", "loss", "100%"]);
+    let t = Instant::now();
+    let mut c = finish(client, Duration::from_secs(60));
+    let waited = t.elapsed();
+    tc(&["qdisc", "del", "dev", "a0", "root"]);
+    c.stdout = stdout.join().unwrap();
+    let mut server = server;
+    let _ = server.kill();
+    let _ = server.wait();
+    (c, waited)
+}
+
+/// RC gives up on a dead path after the ACK timeout once per try: 4.096 us x 2^u x
+/// (retry + 1). -u 16 with 3 retries: 1.07 s; -u 14 with 1 retry: 134 ms. Exit 4, naming
+/// the retry counter. (Shorter timeouts than 14 make rxe under TCG retransmit spuriously
+/// and its responder answer "invalid request"; 7 retries it treats as forever.)
+#[test]
+fn lab_rails_a_dead_path_ends_the_run_after_the_retransmission_time() {
+    let (slow, slow_waited) = write_bw_until_the_cable_dies(&["-u", "16", "--retry-count", "3"]);
+    let (fast, fast_waited) = write_bw_until_the_cable_dies(&["-u", "14", "--retry-count", "1"]);
+    eprintln!("-u 16 --retry-count 3: {slow_waited:?}; -u 14 --retry-count 1: {fast_waited:?}");
+    for (c, waited) in [(&slow, slow_waited), (&fast, fast_waited)] {
+        assert_eq!(c.code, 4, "{}", c.stderr);
+        assert!(c.stderr.contains("retry counter exceeded"), "{}", c.stderr);
+        assert!(waited < Duration::from_millis(1074) + GRACE, "took {waited:?}");
+    }
+    assert!(slow_waited >= Duration::from_millis(800), "-u 16 x 4 tries is about 1.07 s: {slow_waited:?}");
+    assert!(fast_waited < slow_waited / 2, "-u 14 x 2 tries ends sooner: {fast_waited:?} vs {slow_waited:?}");
+}
+
+/// RC over a cable that drops 1 % of its packets still delivers every byte correctly.
+#[test]
+fn lab_rails_rc_over_a_lossy_cable_delivers_every_byte() {
+    tc(&["qdisc", "add", "dev", "a0", "root", "netem", "loss", "1%"]);
+    let (c, s) = rails_pair_in(
+        "write-bw",
+        &["-d", "rxea0", "-n", "2000", "-s", "64K", "--validate-data", "--json", "-"],
+        &["-d", "rxeb0"],
+        None,
+    );
+    tc(&["qdisc", "del", "dev", "a0", "root"]);
+    assert_eq!((c.code, s.code), (0, 0), "{}\n{}", c.stderr, s.stderr);
+    let doc = valid_doc(&c.stdout);
+    let r = &doc["results"][0];
+    assert_eq!((r["iterations"].as_u64(), r["data_validated"].as_bool()), (Some(2000), Some(true)), "{doc}");
+}
+
 #[test]
 fn lab_rails_bad_device_lists_are_refused_before_any_traffic() {
     let twice = run(&["write-bw", "-d", "rxea0,rxea0", RAILS_SERVER]);
