@@ -84,12 +84,7 @@ impl RunOptions {
 
     /// The output files can be written: checked before anything is measured.
     fn check_outputs(&self) -> Result<()> {
-        for (path, flag) in [(&self.json, "--json"), (&self.histogram, "--histogram")] {
-            if let Some(path) = path {
-                report::file::check_writable(path, flag)?;
-            }
-        }
-        Ok(())
+        report::file::check_outputs(&[(&self.json, "--json"), (&self.histogram, "--histogram")])
     }
 
     fn timeout_ns(&self) -> u64 {

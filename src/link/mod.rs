@@ -22,8 +22,7 @@ use crate::spec::{Fabric, Measure, Operation, TestSpec, check_against_device};
 use crate::stats::Clock;
 use crate::verbs::cm::{self, CmConnection, CmListener};
 use crate::verbs::gid::{self, Family, GidKind, LinkLayer, SideChoice};
-use crate::verbs::qp::GRH_BYTES;
-use crate::verbs::qp::PathParams;
+use crate::verbs::qp::{GRH_BYTES, PathParams};
 use crate::verbs::{DeviceSelection, Qp, QpCaps, Rdma, RecvRequest, RegisteredBuf, Transport};
 use crate::verbs::{Endpoint, NicIdentity};
 use wait::RecvRing;
@@ -116,7 +115,7 @@ impl Layout {
 /// the spec alone, before anything is allocated, for `--max-memory`. Saturates instead of
 /// wrapping on a spec `TestSpec::check` would refuse.
 pub fn memory_need(spec: &TestSpec) -> u64 {
-    let per_lane = (Layout::new(spec).total_len().max(64) as u64).saturating_add(4095) / 4096 * 4096;
+    let per_lane = RegisteredBuf::mapped_len(Layout::new(spec).total_len()) as u64;
     per_lane.saturating_mul(spec.lanes() as u64)
 }
 

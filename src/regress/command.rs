@@ -22,11 +22,7 @@ pub struct Request {
 }
 
 pub fn compare(args: &Request, out: &mut dyn Write) -> Result<()> {
-    for (path, flag) in [(&args.json, "--json"), (&args.junit, "--junit")] {
-        if let Some(path) = path {
-            crate::report::file::check_writable(path, flag)?;
-        }
-    }
+    crate::report::file::check_outputs(&[(&args.json, "--json"), (&args.junit, "--junit")])?;
     let base = doc::read(&args.baseline)?;
     let cur = doc::read(&args.current)?;
     let c = compare_docs(&base, &cur, args.tolerance, args.allow_env_mismatch)?;

@@ -38,6 +38,11 @@ pub fn check_writable(path: &str, flag: &str) -> Result<()> {
     }
 }
 
+/// [`check_writable`] for each output a command was given: (path if given, its flag).
+pub fn check_outputs(outputs: &[(&Option<String>, &str)]) -> Result<()> {
+    outputs.iter().filter_map(|(p, flag)| p.as_deref().map(|p| (p, *flag))).try_for_each(|(p, f)| check_writable(p, f))
+}
+
 fn temp_name(path: &str) -> String {
     let p = Path::new(path);
     let name = p.file_name().map_or("out".into(), |n| n.to_string_lossy().into_owned());

@@ -124,7 +124,12 @@ impl Fabric {
     /// ACK timeout (4.096 us x 2^`qp_timeout`) once, then once per retry. `None`: timeout
     /// 0 waits forever. Devices may round the timeout up (rxe uses at least its own).
     pub fn give_up_after_ms(&self) -> Option<f64> {
-        (self.qp_timeout > 0).then(|| 4.096e-3 * f64::from(1u32 << self.qp_timeout) * f64::from(self.retry_count + 1))
+        (self.qp_timeout > 0).then(|| self.ack_timeout_ms() * f64::from(self.retry_count + 1))
+    }
+
+    /// One ACK timeout: 4.096 us x 2^`qp_timeout`.
+    fn ack_timeout_ms(&self) -> f64 {
+        4.096e-3 * f64::from(1u32 << self.qp_timeout)
     }
 
     /// The header's wording: DSCP and ECN spelled out.
@@ -149,11 +154,7 @@ impl Fabric {
         format!(
             "ACK timeout {} ({}), retry {}, RNR retry {}{}: {after}",
             self.qp_timeout,
-            if self.qp_timeout == 0 {
-                "infinite".to_string()
-            } else {
-                format!("{:.1} ms", 4.096e-3 * f64::from(1u32 << self.qp_timeout))
-            },
+            if self.qp_timeout == 0 { "infinite".to_string() } else { format!("{:.1} ms", self.ack_timeout_ms()) },
             self.retry_count,
             self.rnr_retry,
             if self.rnr_retry == 7 { " (forever)" } else { "" }

@@ -24,9 +24,14 @@ unsafe impl Send for RegisteredBuf {}
 unsafe impl Sync for RegisteredBuf {}
 
 impl RegisteredBuf {
+    /// What asking for `len` bytes maps and registers: whole pages, at least one.
+    pub fn mapped_len(len: usize) -> usize {
+        len.max(64).next_multiple_of(4096)
+    }
+
     /// Maps and registers `len` bytes for local write and remote read/write/atomic access.
     pub fn new(pd: &Arc<ProtectionDomain>, len: usize) -> Result<RegisteredBuf> {
-        let len = len.max(64).next_multiple_of(4096);
+        let len = Self::mapped_len(len);
         // SAFETY: anonymous private mapping; checked for MAP_FAILED below.
         let ptr = unsafe {
             libc::mmap(

@@ -52,11 +52,7 @@ pub fn client(plan: &Plan, out: &mut dyn Write) -> Result<RunDocument> {
     let w = &plan.workload;
     let n = w.steps.len();
     // Everything that could fail at the end is tried before step 1.
-    for (path, flag) in [(&plan.json, "--json"), (&plan.junit, "--junit")] {
-        if let Some(path) = path {
-            crate::report::file::check_writable(path, flag)?;
-        }
-    }
+    crate::report::file::check_outputs(&[(&plan.json, "--json"), (&plan.junit, "--junit")])?;
     let baseline = plan.baseline.as_deref().map(|path| doc::read(path).map(|d| (path, d))).transpose()?;
     let mut steps = Vec::with_capacity(n);
     let mut environment = None;
