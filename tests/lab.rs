@@ -1801,21 +1801,70 @@ fn lab_rails_a_dead_path_ends_the_run_after_the_retransmission_time() {
     assert!(fast_waited < slow_waited / 2, "-u 14 x 2 tries ends sooner: {fast_waited:?} vs {slow_waited:?}");
 }
 
-/// RC over a cable that drops 1 % of its packets still delivers every byte correctly.
+/// RC over a cable that drops 1 % of its packets still delivers every byte correctly; the
+/// port counters show the retransmissions (both sides', in the JSON and with --counters in
+/// the table), and a workload that allows none fails naming the counter.
 #[test]
-fn lab_rails_rc_over_a_lossy_cable_delivers_every_byte() {
+fn lab_rails_rc_over_a_lossy_cable_delivers_every_byte_and_the_counters_show_the_retransmissions() {
     tc(&["qdisc", "add", "dev", "a0", "root", "netem", "loss", "1%"]);
     let (c, s) = rails_pair_in(
         "write-bw",
-        &["-d", "rxea0", "-n", "2000", "-s", "64K", "--validate-data", "--json", "-"],
-        &["-d", "rxeb0"],
+        &["-d", "rxea0", "-n", "2000", "-s", "64K", "--validate-data", "--counters", "--json", "-"],
+        &["-d", "rxeb0", "--counters"],
         None,
     );
+    let dir = tempfile::tempdir().unwrap();
+    let workload = dir.path().join("lossless.toml");
+    std::fs::write(
+        &workload,
+        "name = \"lossless\"\n[[step]]\nname = \"write\"\ntest = \"write-bw\"\nsize = 65536\niterations = 2000\n\
+         validate_data = true\n[step.max_counters]\nretransmissions = 0\n",
+    )
+    .unwrap();
+    let port = next_port();
+    let server = spawn(&["run", "--serve", "-d", "rxeb0", "-p", &port, "--connect-timeout", "30"]);
+    let json = json_file(&dir, "run.json");
+    let w = finish(
+        spawn(&[
+            "run",
+            workload.to_str().unwrap(),
+            "--peer",
+            RAILS_SERVER,
+            "-p",
+            &port,
+            "-d",
+            "rxea0",
+            "--json",
+            &json,
+        ]),
+        Duration::from_secs(120),
+    );
+    let ws = finish(server, Duration::from_secs(60));
     tc(&["qdisc", "del", "dev", "a0", "root"]);
     assert_eq!((c.code, s.code), (0, 0), "{}\n{}", c.stderr, s.stderr);
     let doc = valid_doc(&c.stdout);
     let r = &doc["results"][0];
     assert_eq!((r["iterations"].as_u64(), r["data_validated"].as_bool()), (Some(2000), Some(true)), "{doc}");
+    // The client is the requester: its dropped packets are sent again; the responder saw
+    // the gaps and the duplicates.
+    let retried = r["counters"]["completer_retry_err"].as_u64().unwrap_or(0);
+    assert!(retried > 0 && r["counters"]["sent_pkts"].as_u64().unwrap() > 2000, "{r}");
+    let peer = &r["peer_counters"];
+    let gaps = peer["out_of_seq_request"].as_u64().unwrap_or(0) + peer["duplicate_request"].as_u64().unwrap_or(0);
+    assert!(gaps > 0 && peer["rcvd_pkts"].as_u64().unwrap() > 2000, "{r}");
+    assert!(doc["environment"]["counters"].as_array().unwrap().iter().any(|n| n == "completer_retry_err"), "{doc}");
+    let line = format!("completer_retry_err {retried}");
+    assert!(c.stderr.contains("counters at 65536 B: this side: ") && c.stderr.contains(&line), "{}", c.stderr);
+    assert!(s.stdout.contains("counters at 65536 B: this side: ") && s.stdout.contains("peer: "), "{}", s.stdout);
+    eprintln!("client counters {}, server counters {peer}", r["counters"]);
+    // The same loss in a workload that allows no retransmission: it fails, naming the counter.
+    assert_eq!(ws.code, 0, "{}", ws.stderr);
+    assert_eq!(w.code, 1, "{}\n{}", w.stdout, w.stderr);
+    let verdict = w.stdout.lines().find(|l| l.contains("threshold max_counters.retransmissions")).unwrap_or("");
+    assert!(verdict.contains("counter:retransmissions at 65536 B") && verdict.contains("FAIL"), "{}", w.stdout);
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["steps"][0]["thresholds"][0]["pass"], false, "{doc}");
+    eprintln!("{verdict}");
 }
 
 #[test]

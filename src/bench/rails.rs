@@ -4,6 +4,7 @@
 //! rail after another), collects what they measured, and lets a failed rail drop out
 //! while the others go on. [`aggregate`] turns the rails' results into the run's total.
 
+use std::collections::BTreeMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -219,7 +220,21 @@ pub fn aggregate(rails: &[&SizeResult], samples: &[Option<&LatencyRecorder>]) ->
         data_validated: rails.iter().all(|r| r.data_validated),
         cpu_util_pct: first.cpu_util_pct,
         delivered,
+        counters: add_counters(rails.iter().map(|r| r.counters.as_ref())),
+        peer_counters: add_counters(rails.iter().map(|r| r.peer_counters.as_ref())),
     })
+}
+
+/// Every rail's counter deltas added up, name by name (each rail has its own port).
+fn add_counters<'a>(parts: impl Iterator<Item = Option<&'a BTreeMap<String, u64>>>) -> Option<BTreeMap<String, u64>> {
+    let mut total: Option<BTreeMap<String, u64>> = None;
+    for part in parts.flatten() {
+        let t = total.get_or_insert_with(BTreeMap::new);
+        for (name, v) in part {
+            *t.entry(name.clone()).or_default() += v;
+        }
+    }
+    total
 }
 
 #[cfg(test)]

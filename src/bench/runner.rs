@@ -18,7 +18,7 @@ use crate::report::json::{self, Document};
 use crate::report::table::{self, Units};
 use crate::report::{Environment, LatencyResult, RailResult, RunResult, SizeResult, rail_label};
 use crate::session::auth::Token;
-use crate::session::{Channel, Door, Message, RailHello, handshake};
+use crate::session::{Channel, Door, Message, RailHello, handshake, proto};
 use crate::spec::rails::{Devices, RailMode};
 use crate::spec::{Measure, Operation, TestSpec, Transport};
 use crate::stats::cpu::CpuMeter;
@@ -61,6 +61,8 @@ pub struct RunOptions {
     pub timeout: Duration,
     pub json: Option<String>,
     pub cpu_util: bool,
+    /// Print each size's port counter deltas under its row (`--counters`).
+    pub counters: bool,
     pub histogram: Option<String>,
     pub units: Units,
     /// Tables go to stderr (a workload run writing its JSON to stdout).
@@ -277,6 +279,9 @@ fn print_as_measured(spec: &TestSpec, opts: &RunOptions, conductor: &Conductor, 
             for (i, r) in s.rails.iter().enumerate() {
                 if let Some(row) = r.results.get(k) {
                     table::rail_row(&mut out, &i.to_string(), row, opts.units).map_err(io_err)?;
+                    if opts.counters {
+                        table::counter_line(&mut out, row).map_err(io_err)?;
+                    }
                 }
             }
             if let Some(total) = total_of(&s, k) {
@@ -284,6 +289,9 @@ fn print_as_measured(spec: &TestSpec, opts: &RunOptions, conductor: &Conductor, 
             }
         } else if let Some(row) = s.rails[0].results.get(k) {
             table::row(&mut out, row, opts.units).map_err(io_err)?;
+            if opts.counters {
+                table::counter_line(&mut out, row).map_err(io_err)?;
+            }
         }
         out.flush().map_err(io_err)?;
     }
@@ -389,6 +397,8 @@ fn measure_size(
     for r in runs {
         latency::prepare(r.link, spec, size);
     }
+    // Every QP of a rail is on one port: one reading covers them.
+    let counters_before = run.link.counters();
     chan.send(&Message::Start { size })?;
     // The server answers at once (it only resets its buffers): no heartbeat extends this.
     match chan.recv_handshake("the server to get ready")? {
@@ -437,12 +447,16 @@ fn measure_size(
         }
     };
     let cpu_util_pct = opts.cpu_util.then(|| cpu.percent());
+    let counters = (!counters_before.0.is_empty()).then(|| run.link.counters().since(&counters_before));
     if !(spec.bidirectional && spec.measure == Measure::Bandwidth) {
         chan.send(&Message::Done { size, iterations, per_qp })?;
     }
     let mut delivered = None;
-    let reverse_bandwidth = match chan.recv("the server's verdict")? {
-        Message::Verdict { size: s, iterations: theirs, data_error, reverse } if s == size => {
+    let (reverse_bandwidth, peer_counters) = match chan.recv("the server's verdict")? {
+        Message::Verdict { size: s, iterations: theirs, data_error, reverse, counters } if s == size => {
+            if let Some(c) = &counters {
+                proto::check_counters(c)?;
+            }
             if let Some(e) = data_error {
                 return Err(Error::Check(format!("{} found corrupted data: {e}", chan.peer())));
             }
@@ -455,7 +469,7 @@ fn measure_size(
                     chan.peer()
                 )));
             }
-            reverse
+            (reverse, counters)
         }
         other => {
             return Err(chan.unexpected(&other, "a verdict"));
@@ -473,6 +487,8 @@ fn measure_size(
         data_validated: spec.validate_data,
         cpu_util_pct,
         delivered,
+        counters,
+        peer_counters,
     };
     Ok((result, samples))
 }
@@ -636,7 +652,11 @@ fn serve_rails(
         rail.numa_node = rail.environment.as_ref().and_then(|e| e.nic.numa_node);
         rail.cpus = ours.iter().position(|d| *d == rail.device).map(|p| cpus[p].clone()).unwrap_or_default();
     }
-    print_run(&mut out, &run, opts.units, "server").map_err(io_err)?;
+    // The client's "this side" is the peer here.
+    for r in run.results.iter_mut().chain(run.rails.iter_mut().flat_map(|rail| rail.results.iter_mut())) {
+        std::mem::swap(&mut r.counters, &mut r.peer_counters);
+    }
+    print_run(&mut out, &run, opts, "server").map_err(io_err)?;
     if let Some(target) = &opts.json {
         json::write(&Document::new("server", run.clone()), target)?;
     }
@@ -667,7 +687,12 @@ fn rail_line(out: &mut dyn Write, r: &RailResult) -> std::io::Result<()> {
 }
 
 /// The whole table of a finished run, as the server prints it.
-fn print_run(out: &mut dyn Write, run: &RunResult, units: Units, role: &str) -> std::io::Result<()> {
+fn print_run(out: &mut dyn Write, run: &RunResult, opts: &RunOptions, role: &str) -> std::io::Result<()> {
+    let units = opts.units;
+    let counters = |out: &mut dyn Write, r: &SizeResult| match opts.counters {
+        true => table::counter_line(out, r),
+        false => Ok(()),
+    };
     let spec = &run.spec;
     table::banner(out, spec, &run.environment, role)?;
     let many = !run.rails.is_empty();
@@ -678,11 +703,13 @@ fn print_run(out: &mut dyn Write, run: &RunResult, units: Units, role: &str) -> 
     for (k, total) in run.results.iter().enumerate() {
         if !many {
             table::row(out, total, units)?;
+            counters(out, total)?;
             continue;
         }
         for r in &run.rails {
             if let Some(row) = r.results.get(k) {
                 table::rail_row(out, &r.rail.to_string(), row, units)?;
+                counters(out, row)?;
             }
         }
         table::rail_row(out, "all", total, units)?;
@@ -769,6 +796,7 @@ impl RailServer<'_> {
                     for link in &links {
                         latency::prepare(link, &spec, size);
                     }
+                    let counters_before = links[0].counters();
                     chan.send(&Message::Ready { size })?;
                     let runs: Vec<SizeRun> = links
                         .iter()
@@ -793,7 +821,9 @@ impl RailServer<'_> {
                         Kernel::RingBandwidth => ring::bandwidth_server(&runs[0], chan)?,
                         Kernel::Bandwidth => bandwidth::server(&runs, chan)?,
                     };
-                    chan.send(&Message::Verdict { size, iterations, data_error: data_error.clone(), reverse })?;
+                    let counters = (!counters_before.0.is_empty()).then(|| links[0].counters().since(&counters_before));
+                    let data = data_error.clone();
+                    chan.send(&Message::Verdict { size, iterations, data_error: data, reverse, counters })?;
                     if let Some(e) = data_error {
                         return Err(Error::Check(format!("corrupted data from {}: {e}", chan.peer())));
                     }

@@ -210,6 +210,7 @@ impl ConnectionArgs {
             timeout: seconds("--timeout", self.timeout)?,
             json: None,
             cpu_util: false,
+            counters: false,
             histogram: None,
             units: if report_gbits { Units::GigaBits } else { Units::MegaBytes },
             tables_on_stderr: false,
@@ -279,6 +280,10 @@ pub struct TestArgs {
     /// Report the CPU time this process used during each measurement, as % of one core.
     #[arg(long = "cpu-util", visible_alias = "cpu_util")]
     pub cpu_util: bool,
+    /// Print the port counters that moved during each size under its row, both sides'
+    /// (they are in the JSON either way).
+    #[arg(long)]
+    pub counters: bool,
     /// Latency tests: write every size's HDR histogram (round-trip ns) to FILE, in the
     /// HdrHistogram interval-log format, for plotting.
     #[arg(long, value_name = "FILE")]
@@ -502,6 +507,10 @@ pub struct CompareArgs {
     /// Compare even when the environments differ (the differences are reported).
     #[arg(long)]
     pub allow_env_mismatch: bool,
+    /// Compare the port counter deltas too: a counter regresses when this run's median
+    /// is above every baseline repeat (more retransmissions than the baseline ever had).
+    #[arg(long)]
+    pub counters: bool,
     /// Write the comparison as JSON to FILE, or stdout with `-` (the table then goes to stderr).
     #[arg(long, value_name = "FILE|-")]
     pub json: Option<String>,
@@ -517,6 +526,7 @@ impl CompareArgs {
             current: self.current.clone(),
             tolerance: self.tolerance,
             allow_env_mismatch: self.allow_env_mismatch,
+            counters: self.counters,
             json: self.json.clone(),
             junit: self.junit.clone(),
         }
@@ -726,6 +736,7 @@ impl TestArgs {
         Ok(RunOptions {
             json: self.json.clone(),
             cpu_util: self.cpu_util,
+            counters: self.counters,
             histogram: self.histogram.clone(),
             ..self.conn.run_options(self.report_gbits)?
         })

@@ -21,6 +21,7 @@ use crate::spec::ring::{self, Notify};
 use crate::spec::{Fabric, Measure, Operation, TestSpec, check_against_device};
 use crate::stats::Clock;
 use crate::verbs::cm::{self, CmConnection, CmListener};
+use crate::verbs::counters;
 use crate::verbs::gid::{self, Family, GidKind, LinkLayer, SideChoice};
 use crate::verbs::qp::{GRH_BYTES, PathParams};
 use crate::verbs::{DeviceSelection, Qp, QpCaps, Rdma, RecvRequest, RegisteredBuf, Transport};
@@ -332,6 +333,11 @@ impl Link {
         self.remote.addr + self.layout.send_at(slot)
     }
 
+    /// This side's port counters now (see `verbs::counters`).
+    pub fn counters(&self) -> counters::Reading {
+        counters::read_now(&self.local.device, self.local.port)
+    }
+
     pub fn environment(&self, peer_address: &str) -> Environment {
         Environment {
             tool_version: env!("CARGO_PKG_VERSION").into(),
@@ -348,6 +354,7 @@ impl Link {
             max_inline: self.local.max_inline,
             link_rate_gbps: self.rdma.port.rate_gbps,
             nic: self.local.nic.clone(),
+            counters: self.counters().names(),
             peer: PeerEnvironment {
                 host: self.remote.node.clone(),
                 address: peer_address.into(),

@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use super::{compare as compare_docs, junit_cases, print};
+use super::{compare_counting, junit_cases, print};
 use crate::error::{Error, Result};
 use crate::report::junit;
 use crate::report::run as doc;
@@ -16,6 +16,9 @@ pub struct Request {
     /// Default tolerance, percent (per-metric ones recorded from the workload win).
     pub tolerance: f64,
     pub allow_env_mismatch: bool,
+    /// Compare the port counter deltas as well (left out by default: they count events,
+    /// not speed, and a baseline from another day's fabric differs in them).
+    pub counters: bool,
     /// JSON to this file, or to stdout with `-` (the table then goes to stderr).
     pub json: Option<String>,
     pub junit: Option<String>,
@@ -25,7 +28,7 @@ pub fn compare(args: &Request, out: &mut dyn Write) -> Result<()> {
     crate::report::file::check_outputs(&[(&args.json, "--json"), (&args.junit, "--junit")])?;
     let base = doc::read(&args.baseline)?;
     let cur = doc::read(&args.current)?;
-    let c = compare_docs(&base, &cur, args.tolerance, args.allow_env_mismatch)?;
+    let c = compare_counting(&base, &cur, args.tolerance, args.allow_env_mismatch, args.counters)?;
     let to_stdout = args.json.as_deref() == Some("-");
     if to_stdout {
         print(&c, &mut std::io::stderr())?;

@@ -146,6 +146,19 @@ pub fn compare(
     tolerance_pct: f64,
     allow_env_mismatch: bool,
 ) -> Result<Comparison> {
+    compare_counting(base, cur, tolerance_pct, allow_env_mismatch, false)
+}
+
+/// [`compare`], and with `counters` the port counter deltas too: a counter regresses when
+/// the current run's median exceeds every baseline repeat (more retransmissions, say, than
+/// the baseline ever had), whatever the tolerance; it improves below all of them.
+pub fn compare_counting(
+    base: &RunDocument,
+    cur: &RunDocument,
+    tolerance_pct: f64,
+    allow_env_mismatch: bool,
+    counters: bool,
+) -> Result<Comparison> {
     let environment_differences = environment_differences(base, cur);
     if !environment_differences.is_empty() && !allow_env_mismatch {
         return Err(Error::Usage(format!(
@@ -162,7 +175,7 @@ pub fn compare(
             continue;
         };
         let tolerance = |metric: &str| cs.tolerance.get(metric).copied().unwrap_or(tolerance_pct);
-        let step = Figures { step: &bs.name, rail: None, tolerance: &tolerance };
+        let step = Figures { step: &bs.name, rail: None, tolerance: &tolerance, counters };
         step.compare(&bs.stats, &cs.stats, &mut rows, &mut missing);
         // Rails match by position and device: rail i of the baseline is rail i here, on
         // the same device, or it is missing.
@@ -173,7 +186,7 @@ pub fn compare(
                 missing.push(format!("step \"{}\" {} (this run: {here})", bs.name, br.label()));
                 continue;
             };
-            let rail = Figures { step: &bs.name, rail: Some(br.label()), tolerance: &tolerance };
+            let rail = Figures { step: &bs.name, rail: Some(br.label()), tolerance: &tolerance, counters };
             rail.compare(&br.stats, &cr.stats, &mut rows, &mut missing);
         }
     }
@@ -185,6 +198,8 @@ struct Figures<'a> {
     step: &'a str,
     rail: Option<String>,
     tolerance: &'a dyn Fn(&str) -> f64,
+    /// Compare the port counters as well.
+    counters: bool,
 }
 
 impl Figures<'_> {
@@ -220,6 +235,45 @@ impl Figures<'_> {
                     verdict,
                 });
             }
+            if self.counters {
+                self.compare_counters(bsize, csize, rows);
+            }
+        }
+    }
+}
+
+impl Figures<'_> {
+    /// Every counter either run moved; one that did not move in a run counts 0 there.
+    fn compare_counters(&self, base: &metrics::SizeStats, cur: &metrics::SizeStats, rows: &mut Vec<Row>) {
+        let mut names: Vec<&String> = base.counters.keys().chain(cur.counters.keys()).collect();
+        names.sort();
+        names.dedup();
+        let zero = |like: &metrics::SizeStats| {
+            let n = like.counters.values().map(|s| s.values.len()).max().unwrap_or(1);
+            Stats::of(vec![0.0; n]).expect("one repeat at least")
+        };
+        for name in names {
+            let b = base.counters.get(name).cloned().unwrap_or_else(|| zero(base));
+            let c = cur.counters.get(name).cloned().unwrap_or_else(|| zero(cur));
+            let verdict = if c.median > b.max {
+                Verdict::Regressed
+            } else if c.median < b.min {
+                Verdict::Improved
+            } else {
+                Verdict::Same
+            };
+            let change_pct = if b.median == 0.0 { 0.0 } else { (c.median - b.median) / b.median * 100.0 };
+            rows.push(Row {
+                step: self.step.to_string(),
+                rail: self.rail.clone(),
+                size: base.size,
+                metric: format!("{}{name}", metrics::COUNTER),
+                baseline: b,
+                current: c,
+                change_pct,
+                tolerance_pct: 0.0,
+                verdict,
+            });
         }
     }
 }

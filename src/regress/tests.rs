@@ -33,7 +33,7 @@ fn doc(device: &str, metric: &str, values: &[f64], tolerance: Option<f64>) -> Ru
             spec: None,
             repeat: values.len() as u32,
             runs: Vec::new(),
-            stats: vec![SizeStats { size: 65536, metrics }],
+            stats: vec![SizeStats { size: 65536, metrics, counters: BTreeMap::new() }],
             thresholds: Vec::new(),
             tolerance: tolerance.map(|t| BTreeMap::from([(metric.to_string(), t)])).unwrap_or_default(),
             checks: Vec::new(),
@@ -151,10 +151,12 @@ fn with_rails(mut d: RunDocument, rails: &[(&str, f64)]) -> RunDocument {
             device: device.to_string(),
             peer_device: format!("peer_{device}"),
             link_rate_gbps: Some(100.0),
+            counters: Vec::new(),
             runs: Vec::new(),
             stats: vec![SizeStats {
                 size: 65536,
                 metrics: BTreeMap::from([("gbps".to_string(), Stats::of(vec![*gbps]).unwrap())]),
+                counters: BTreeMap::new(),
             }],
             error: None,
         })
@@ -183,4 +185,25 @@ fn rails_match_by_position_and_device_and_a_weak_rail_shows() {
     // A version-1 baseline (no rails) still compares the step's figures.
     let c = compare(&doc("mlx5_0", "gbps", &[200.0], None), &cur, 5.0, false).unwrap();
     assert_eq!((c.rows.len(), c.missing.len()), (1, 0));
+}
+
+#[test]
+fn counters_are_compared_only_when_asked_and_regress_above_every_baseline_repeat() {
+    let with_counters = |values: &[f64]| {
+        let mut d = doc("rxe0", "gbps", &[10.0], None);
+        d.steps[0].stats[0].counters =
+            BTreeMap::from([("completer_retry_err".to_string(), Stats::of(values.to_vec()).unwrap())]);
+        d
+    };
+    let (base, cur) = (with_counters(&[0.0, 2.0]), with_counters(&[40.0]));
+    assert_eq!(compare(&base, &cur, 5.0, false).unwrap().rows.len(), 1, "speed only by default");
+    let c = crate::regress::compare_counting(&base, &cur, 5.0, false, true).unwrap();
+    let row = c.rows.iter().find(|r| r.metric == "counter:completer_retry_err").unwrap();
+    assert_eq!(row.verdict, Verdict::Regressed, "40 is above every baseline repeat");
+    let same = crate::regress::compare_counting(&base, &with_counters(&[1.0]), 5.0, false, true).unwrap();
+    assert!(same.rows.iter().all(|r| r.verdict == Verdict::Same), "{:?}", same.rows);
+    // A counter the current run never moved counts 0 there.
+    let quiet = doc("rxe0", "gbps", &[10.0], None);
+    let better = crate::regress::compare_counting(&with_counters(&[3.0]), &quiet, 5.0, false, true).unwrap();
+    assert_eq!(better.rows.iter().find(|r| r.metric.starts_with("counter:")).unwrap().verdict, Verdict::Improved);
 }

@@ -79,6 +79,7 @@ mod tests {
                 pci: Some("0000:3b:00.0".into()),
                 numa_node: None,
             },
+            counters: vec!["completer_retry_err".into(), "sent_pkts".into()],
             peer: PeerEnvironment {
                 host: "b".into(),
                 address: "10.0.0.2:18515".into(),
@@ -143,6 +144,8 @@ mod tests {
             latency: None,
             bandwidth: Some(ThroughputSummary::new(65536, 10, 1000, Peak { msgs_per_sec: None, window_msgs: 10 })),
             data_validated: true,
+            counters: Some([("completer_retry_err".to_string(), 41), ("sent_pkts".to_string(), 10)].into()),
+            peer_counters: Some(Default::default()),
             ..Default::default()
         }];
         let run = RunResult {
@@ -155,6 +158,9 @@ mod tests {
         };
         let mut v = serde_json::to_value(Document::new("server", run)).unwrap();
         assert_eq!(errors(&v), Vec::<String>::new());
+        v["results"][0]["counters"]["sent_pkts"] = (-1).into();
+        assert!(!errors(&v).is_empty(), "a counter delta is a count");
+        v["results"][0]["counters"]["sent_pkts"] = 10.into();
         v["results"][0]["latency"] = v["results"][0]["bandwidth"].clone();
         assert!(!errors(&v).is_empty(), "a result with both latency and bandwidth is invalid");
         v["results"] = serde_json::json!([]);

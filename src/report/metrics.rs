@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::SizeResult;
 use crate::units::Sig;
+use crate::verbs::counters;
 
 /// Which way is better for a metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +72,34 @@ impl Stats {
 pub struct SizeStats {
     pub size: u64,
     pub metrics: BTreeMap<String, Stats>,
+    /// The port counters that moved in any repeat: this side's by name, the peer's as
+    /// `peer:<name>`; a repeat where one did not move counts 0, so `values` line up with
+    /// the repeats. Not metrics: comparisons leave them out unless asked (`--counters`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub counters: BTreeMap<String, Stats>,
+}
+
+/// The prefix of the peer's counters in [`SizeStats::counters`].
+pub const PEER: &str = "peer:";
+
+/// Every repeat's counter deltas of one size, both sides, aligned by repeat.
+fn counter_stats(results: &[&SizeResult]) -> BTreeMap<String, Stats> {
+    let sides = |r: &SizeResult| -> Vec<(String, u64)> {
+        let ours = r.counters.iter().flatten().map(|(k, v)| (k.clone(), *v));
+        let theirs = r.peer_counters.iter().flatten().map(|(k, v)| (format!("{PEER}{k}"), *v));
+        ours.chain(theirs).collect()
+    };
+    let mut names: Vec<String> = results.iter().flat_map(|r| sides(r)).map(|(k, _)| k).collect();
+    names.sort();
+    names.dedup();
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let values =
+                results.iter().map(|r| sides(r).iter().find(|(k, _)| *k == name).map_or(0.0, |(_, v)| *v as f64));
+            Stats::of(values.collect()).map(|s| (name, s))
+        })
+        .collect()
 }
 
 /// Gathers `runs` (one list of size results per repeat) into per-size statistics.
@@ -88,7 +117,8 @@ pub fn gather(runs: &[Vec<SizeResult>]) -> Vec<SizeStats> {
                 }
             }
             let metrics = per_metric.into_iter().filter_map(|(k, v)| Stats::of(v).map(|s| (k, s))).collect();
-            SizeStats { size, metrics }
+            let results: Vec<&SizeResult> = runs.iter().flatten().filter(|r| r.size == size).collect();
+            SizeStats { size, metrics, counters: counter_stats(&results) }
         })
         .collect()
 }
@@ -137,6 +167,33 @@ impl Threshold {
         Ok(Threshold { key: key.into(), metric: metric.into(), limit, at_least })
     }
 
+    /// `[step.max_counters]`'s `name = limit`: at most `limit` events of a port counter
+    /// (or an alias such as `retransmissions`) per size, on either side, in any repeat.
+    pub fn counter(name: &str, limit: f64) -> Result<Threshold, String> {
+        let word = !name.is_empty() && name.len() <= 64;
+        if !(word && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')) {
+            return Err(format!(
+                "`{name}` is not a counter name; use a file name of the port's counters/ or hw_counters/ (e.g. \
+                 completer_retry_err) or one of {}",
+                counters::ALIASES.iter().map(|a| a.0).collect::<Vec<_>>().join(", ")
+            ));
+        }
+        if !(limit.is_finite() && limit >= 0.0 && limit.fract() == 0.0) {
+            return Err(format!("counter limit {name} = {limit} is no count; use a whole number >= 0, like 0"));
+        }
+        Ok(Threshold {
+            key: format!("max_counters.{name}"),
+            metric: format!("{COUNTER}{name}"),
+            limit,
+            at_least: false,
+        })
+    }
+
+    /// The counter a `max_counters` threshold limits.
+    pub fn counter_name(&self) -> Option<&str> {
+        self.metric.strip_prefix(COUNTER)
+    }
+
     pub fn passes(&self, value: f64) -> bool {
         if self.at_least { value >= self.limit } else { value <= self.limit }
     }
@@ -146,6 +203,9 @@ impl Threshold {
         RAIL_THRESHOLDS.iter().any(|t| t.0 == self.key)
     }
 }
+
+/// How a counter threshold's metric is named: `counter:<name>`.
+pub const COUNTER: &str = "counter:";
 
 /// The threshold keys a workload accepts.
 pub fn threshold_keys() -> Vec<String> {
@@ -181,12 +241,14 @@ impl ThresholdVerdict {
         let op = if self.threshold.at_least { ">=" } else { "<=" };
         let rail = self.rail.map_or(String::new(), |r| format!(" on rail {r}"));
         let detail = if self.detail.is_empty() { String::new() } else { format!(" ({})", self.detail) };
+        // Counts are whole: 336, not 336.0.
+        let shown = |v: f64| if self.threshold.counter_name().is_some() { format!("{v}") } else { Sig(v).to_string() };
         match self.value {
             Some(v) => format!(
                 "{}{rail} at {} B: {} {op} {} {}{detail}",
                 self.threshold.metric,
                 self.size,
-                Sig(v),
+                shown(v),
                 self.threshold.limit,
                 if self.pass { "pass" } else { "FAIL" }
             ),
@@ -202,6 +264,8 @@ pub struct RailFigures<'a> {
     pub stats: &'a [SizeStats],
     /// The port's active rate, Gb/s, when the device reports one.
     pub link_rate_gbps: Option<f64>,
+    /// The counters this rail's port has (`Environment::counters`).
+    pub counters: &'a [String],
 }
 
 fn verdict(t: &Threshold, size: u64, rail: Option<u32>, value: Option<f64>, detail: String) -> ThresholdVerdict {
@@ -217,6 +281,15 @@ pub fn judge(thresholds: &[Threshold], rails: &[RailFigures]) -> Vec<ThresholdVe
     for t in thresholds {
         if t.metric == "rail_spread_pct" {
             out.extend(spread_verdicts(t, rails));
+            continue;
+        }
+        if let Some(name) = t.counter_name() {
+            for r in rails {
+                for s in r.stats {
+                    let (value, detail) = counter_figure(name, r, s);
+                    out.push(verdict(t, s.size, many.then_some(r.rail), value, detail));
+                }
+            }
             continue;
         }
         for r in rails {
@@ -238,6 +311,31 @@ pub fn judge(thresholds: &[Threshold], rails: &[RailFigures]) -> Vec<ThresholdVe
         }
     }
     out
+}
+
+/// A counter (or alias) at one size: the most events in any repeat on either side, and
+/// where it was seen. None when neither port has such a counter.
+fn counter_figure(name: &str, r: &RailFigures, s: &SizeStats) -> (Option<f64>, String) {
+    let repeats = s.counters.values().map(|c| c.values.len()).max().unwrap_or(1);
+    let side = |prefix: &str| -> Option<f64> {
+        let members = counters::members(name);
+        let has = |m: &str| r.counters.iter().any(|a| a == m) || s.counters.contains_key(&format!("{prefix}{m}"));
+        if !members.iter().any(|m| has(m)) {
+            return None;
+        }
+        let in_repeat = |i: usize| -> f64 {
+            members.iter().filter_map(|m| s.counters.get(&format!("{prefix}{m}"))).map(|c| c.values[i]).sum()
+        };
+        Some((0..repeats).map(in_repeat).fold(0.0, f64::max))
+    };
+    match (side(""), side(PEER)) {
+        (None, None) => (None, format!("{} has no counter {name}", r.device)),
+        (ours, theirs) => {
+            let show = |v: Option<f64>| v.map_or("no such counter".into(), |v| v.to_string());
+            let detail = format!("this side {}, peer {}, most in a repeat", show(ours), show(theirs));
+            (Some(ours.unwrap_or(0.0).max(theirs.unwrap_or(0.0))), detail)
+        }
+    }
 }
 
 /// The slowest rail's shortfall from the fastest, per size: on gbps (higher is better),
@@ -325,7 +423,7 @@ mod tests {
         let runs = vec![vec![bw(4096, 9.0), bw(65536, 20.0)], vec![bw(4096, 11.0), bw(65536, 22.0)]];
         let s = gather(&runs);
         let t = [Threshold::parse("min_gbps", 15.0).unwrap(), Threshold::parse("max_p99_us", 5.0).unwrap()];
-        let v = judge(&t, &[RailFigures { rail: 0, device: "d", stats: &s, link_rate_gbps: None }]);
+        let v = judge(&t, &[RailFigures { rail: 0, device: "d", stats: &s, link_rate_gbps: None, counters: &[] }]);
         let find = |size, m: &str| v.iter().find(|x| x.size == size && x.threshold.metric == m).unwrap();
         assert!(!find(4096, "gbps").pass, "median 10 < 15");
         assert!((find(4096, "gbps").value.unwrap() - 10.0).abs() < 1e-3);
@@ -338,8 +436,8 @@ mod tests {
         let r0 = gather(&[vec![bw(65536, 180.0)]]);
         let r1 = gather(&[vec![bw(65536, 150.0)]]);
         let rails = [
-            RailFigures { rail: 0, device: "mlx5_0", stats: &r0, link_rate_gbps: Some(200.0) },
-            RailFigures { rail: 1, device: "mlx5_1", stats: &r1, link_rate_gbps: Some(200.0) },
+            RailFigures { rail: 0, device: "mlx5_0", stats: &r0, link_rate_gbps: Some(200.0), counters: &[] },
+            RailFigures { rail: 1, device: "mlx5_1", stats: &r1, link_rate_gbps: Some(200.0), counters: &[] },
         ];
         let t = [
             Threshold::parse("min_gbps", 100.0).unwrap(),
@@ -357,13 +455,49 @@ mod tests {
         let weak = find("line_rate_pct", Some(1));
         assert!(!weak.pass && weak.describe().contains("on rail 1") && weak.describe().contains("mlx5_1"));
         // No link rate: the line-rate threshold cannot hold, and says why.
-        let unknown = [RailFigures { rail: 0, device: "rxe0", stats: &r0, link_rate_gbps: None }];
+        let unknown = [RailFigures { rail: 0, device: "rxe0", stats: &r0, link_rate_gbps: None, counters: &[] }];
         let v = judge(&t[2..], &unknown);
         assert!(!v[0].pass && v[0].describe().contains("rxe0 reports no link rate"), "{}", v[0].describe());
         // One rail: nothing to spread.
         let v = judge(&t[1..2], &unknown);
         assert!(v[0].pass && v[0].value == Some(0.0));
         assert!(Threshold::parse("min_line_rate", 120.0).unwrap_err().contains("percentage"));
+    }
+
+    fn counted(size: u64, ours: &[(&str, u64)], theirs: &[(&str, u64)]) -> SizeResult {
+        let map = |v: &[(&str, u64)]| Some(v.iter().map(|(k, v)| (k.to_string(), *v)).collect());
+        SizeResult { counters: map(ours), peer_counters: map(theirs), ..bw(size, 10.0) }
+    }
+
+    #[test]
+    fn counter_thresholds_take_the_worst_repeat_of_either_side_and_name_the_counter() {
+        // Repeat 2 retransmitted on this side; the peer saw duplicates in repeat 1.
+        let runs = vec![
+            vec![counted(4096, &[("sent_pkts", 100)], &[("duplicate_request", 2)])],
+            vec![counted(4096, &[("sent_pkts", 100), ("completer_retry_err", 7)], &[])],
+        ];
+        let s = gather(&runs);
+        assert_eq!(s[0].counters["completer_retry_err"].values, [0.0, 7.0], "aligned by repeat");
+        assert_eq!(s[0].counters["peer:duplicate_request"].values, [2.0, 0.0]);
+        let available: Vec<String> = ["completer_retry_err", "duplicate_request", "sent_pkts"].map(String::from).into();
+        let figures = [RailFigures { rail: 0, device: "rxe0", stats: &s, link_rate_gbps: None, counters: &available }];
+        let t = [
+            Threshold::counter("retransmissions", 0.0).unwrap(),
+            Threshold::counter("duplicate_request", 2.0).unwrap(),
+            Threshold::counter("rnr_naks", 0.0).unwrap(),
+        ];
+        let v = judge(&t, &figures);
+        assert!(!v[0].pass && v[0].value == Some(7.0), "{}", v[0].describe());
+        assert!(v[0].describe().contains("counter:retransmissions") && v[0].describe().contains("this side 7"));
+        assert!(v[1].pass && v[1].value == Some(2.0), "the peer's 2 is within 2: {}", v[1].describe());
+        assert!(!v[2].pass && v[2].value.is_none() && v[2].describe().contains("rxe0 has no counter rnr_naks"));
+        // Nothing moved at all: the device's counters say 0, and a zero limit holds.
+        let quiet = gather(&[vec![counted(4096, &[], &[])]]);
+        let figures =
+            [RailFigures { rail: 0, device: "rxe0", stats: &quiet, link_rate_gbps: None, counters: &available }];
+        assert_eq!(judge(&t[..1], &figures)[0].value, Some(0.0));
+        assert!(Threshold::counter("retransmissions", -1.0).unwrap_err().contains("whole number"));
+        assert!(Threshold::counter("bad name", 0.0).unwrap_err().contains("retransmissions"));
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub mod plot;
 pub mod run;
 pub mod table;
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::verbs::NicIdentity;
@@ -44,6 +46,10 @@ pub struct Environment {
     /// The physical NIC behind the device.
     #[serde(default)]
     pub nic: NicIdentity,
+    /// The event counters this side's port has (sysfs counters and hw_counters): the names
+    /// a size's `counters` may hold and a counter threshold may name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub counters: Vec<String>,
     pub peer: PeerEnvironment,
 }
 
@@ -97,6 +103,14 @@ pub struct SizeResult {
     /// On UC and UD, how many messages the receiver got (lost ones are not retransmitted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivered: Option<u64>,
+    /// This side's port counters that moved during the size (after minus before, only
+    /// the non-zero ones); absent when the port has none. Port-wide: other traffic on the
+    /// device counts too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counters: Option<BTreeMap<String, u64>>,
+    /// The same for the peer's port, as the peer read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_counters: Option<BTreeMap<String, u64>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -76,6 +76,9 @@ pub struct RailStep {
     /// The port's active rate, Gb/s, when the device reports one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_rate_gbps: Option<f64>,
+    /// The counters this rail's port has.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub counters: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runs: Vec<Vec<SizeResult>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -168,6 +171,7 @@ pub fn rail_step(r: &super::RailResult, runs: Vec<Vec<SizeResult>>) -> RailStep 
         device: r.device.clone(),
         peer_device: r.peer_device.clone(),
         link_rate_gbps: r.environment.as_ref().and_then(|e| e.link_rate_gbps),
+        counters: r.environment.as_ref().map_or_else(Vec::new, |e| e.counters.clone()),
         stats: super::metrics::gather(&runs),
         runs,
         error: r.error.clone(),

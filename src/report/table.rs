@@ -1,6 +1,7 @@
 //! perftest-style tables for people. Rows are printed as each size completes, so a long
 //! sweep shows progress; the header says exactly what the numbers are.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 
 use super::{Environment, SizeResult};
@@ -217,6 +218,29 @@ pub fn row(out: &mut dyn Write, r: &SizeResult, units: Units) -> std::io::Result
         );
     }
     Ok(())
+}
+
+/// With `--counters`: the port counters that moved during a size, under its row (this
+/// side's, then the peer's), or that none did.
+pub fn counter_line(out: &mut dyn Write, r: &SizeResult) -> std::io::Result<()> {
+    let list = |c: &BTreeMap<String, u64>| {
+        if c.is_empty() {
+            "none moved".to_string()
+        } else {
+            c.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
+        }
+    };
+    let mut parts = Vec::new();
+    if let Some(c) = &r.counters {
+        parts.push(format!("this side: {}", list(c)));
+    }
+    if let Some(c) = &r.peer_counters {
+        parts.push(format!("peer: {}", list(c)));
+    }
+    if parts.is_empty() {
+        return writeln!(out, "   counters: the ports have none");
+    }
+    writeln!(out, "   counters at {} B: {}", r.size, parts.join("; "))
 }
 
 pub fn footer(out: &mut dyn Write) -> std::io::Result<()> {

@@ -7,6 +7,8 @@
 //! (`run`) opens one session per test and ends with a session of just `Finish` / `Bye`.
 //! Either side may send `Abort` at any point; the other ends with the reason.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -91,6 +93,9 @@ pub enum Message {
         /// With `-b`: the server's own sending direction.
         #[serde(default)]
         reverse: Option<ThroughputSummary>,
+        /// The server's port counters that moved during the size (non-zero deltas).
+        #[serde(default)]
+        counters: Option<BTreeMap<String, u64>>,
     },
     Report(Box<RunResult>),
     Bye,
@@ -124,6 +129,20 @@ impl Message {
             Message::Abort { .. } => "abort",
         }
     }
+}
+
+/// The most counters a peer may report for one size (mlx5 has about 80).
+pub const MAX_COUNTERS: usize = 1024;
+
+/// A peer's counter deltas: bounded in number, each name a plain word.
+pub fn check_counters(counters: &BTreeMap<String, u64>) -> Result<()> {
+    if counters.len() > MAX_COUNTERS {
+        return Err(Error::Peer(format!(
+            "the peer reported {} counters for one size; at most {MAX_COUNTERS} are accepted",
+            counters.len()
+        )));
+    }
+    counters.keys().try_for_each(|name| check_name("a counter named", name))
 }
 
 /// The longest node or device name a peer may send (a DNS name's limit).

@@ -4,12 +4,13 @@
 //! `context` opens a device/port and checks it; `buffer` owns registered memory;
 //! `qp` creates and connects queue pairs and posts; `wr` holds the pre-built work
 //! requests (no allocation per post); `cq` polls completions and sleeps on their events;
-//! `memlock` explains registration failures; `cm` connects QPs with rdma_cm (`-R`);
+//! `counters` reads the port's event counters (sysfs); `memlock` explains registration failures; `cm` connects QPs with rdma_cm (`-R`);
 //! `endpoint` is what a side tells its peer about its QP, memory and NIC.
 
 pub mod buffer;
 pub mod cm;
 pub mod context;
+pub mod counters;
 pub mod cq;
 pub mod endpoint;
 pub mod gid;

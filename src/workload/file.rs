@@ -113,6 +113,7 @@ struct RawStep {
     rnr_retry: Option<u32>,
     repeat: Option<u32>,
     thresholds: Option<BTreeMap<String, Limit>>,
+    max_counters: Option<BTreeMap<String, f64>>,
     tolerance: Option<BTreeMap<String, f64>>,
 }
 
@@ -316,6 +317,9 @@ fn step(src: &Source, span: &Range<usize>, s: &RawStep, params: &BTreeMap<String
             }
         };
         thresholds.push(Threshold::parse(key, value).map_err(|m| err(key, &m))?);
+    }
+    for (name, limit) in s.max_counters.iter().flatten() {
+        thresholds.push(Threshold::counter(name, *limit).map_err(|m| err(name, &m))?);
     }
     let mut tolerance = BTreeMap::new();
     for (metric, pct) in s.tolerance.iter().flatten() {

@@ -239,6 +239,7 @@ fn measure(
             device: environment.as_ref().map_or("", |e| e.device.as_str()),
             stats: &stats,
             link_rate_gbps: environment.as_ref().and_then(|e| e.link_rate_gbps),
+            counters: environment.as_ref().map_or(&[], |e| e.counters.as_slice()),
         }]
     } else {
         rail_steps
@@ -248,6 +249,7 @@ fn measure(
                 device: &r.device,
                 stats: &r.stats,
                 link_rate_gbps: r.link_rate_gbps,
+                counters: &r.counters,
             })
             .collect()
     };

@@ -156,3 +156,14 @@ fn fabric_keys_set_the_path_and_out_of_range_ones_name_the_key() {
     let e = err(&format!("{BASE}sl = 16\n"));
     assert!(e.contains("sl 16 is out of range; use sl 0..=15"), "{e}");
 }
+
+#[test]
+fn counter_limits_are_a_table_of_their_own() {
+    let text = format!("{BASE}[step.max_counters]\nretransmissions = 0\nrcvd_seq_err = 5\n");
+    let w = parse(&text, "w.toml", &BTreeMap::new()).unwrap();
+    let StepKind::Measure(m) = &w.steps[0].kind else { panic!() };
+    let keys: Vec<(&str, f64)> = m.thresholds.iter().map(|t| (t.key.as_str(), t.limit)).collect();
+    assert_eq!(keys, [("max_counters.rcvd_seq_err", 5.0), ("max_counters.retransmissions", 0.0)]);
+    let e = err(&format!("{BASE}[step.max_counters]\nretransmissions = 0.5\n"));
+    assert!(e.starts_with("w.toml:") && e.contains("whole number"), "{e}");
+}
