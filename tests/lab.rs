@@ -1448,6 +1448,82 @@ fn lab_ring_exact_free_space_fits_and_a_larger_record_is_refused() {
 // lab/test runs the tests named lab_rails_* in a guest of their own with two cables.
 
 /// Where the rails' servers listen: the far end of cable 0 (any local address would do).
+/// A port counter of the lab's one device, read from sysfs.
+fn hw_counter(name: &str) -> u64 {
+    let dev = std::fs::read_dir("/sys/class/infiniband").unwrap().flatten().next().expect("an RDMA device").file_name();
+    let path = format!("/sys/class/infiniband/{}/ports/1/hw_counters/{name}", dev.to_str().unwrap());
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}")).trim().parse().unwrap()
+}
+
+/// --warmup runs its iterations before the size and leaves them out of its figures: the
+/// device sent the warm-up's packets, the size's own counters and samples have only its
+/// measured iterations.
+#[test]
+fn lab_warmup_runs_before_each_size_and_stays_out_of_its_figures() {
+    let before = hw_counter("sent_pkts");
+    let (c, s) = pair("write-lat", &["-n", "1000", "--warmup", "700", "-s", "64", "--json", "-"], &[]);
+    let sent = hw_counter("sent_pkts") - before;
+    assert_eq!((c.code, s.code), (0, 0), "{}\n{}", c.stderr, s.stderr);
+    let doc = valid_doc(&c.stdout);
+    let r = &doc["results"][0];
+    assert_eq!((doc["spec"]["warmup"].as_u64(), r["iterations"].as_u64()), (Some(700), Some(1000)), "{doc}");
+    assert_eq!(r["latency"]["samples"].as_u64(), Some(1000), "{r}");
+    // Loopback on one device: both sides count here, each write and its ACK: 4 packets
+    // per iteration.
+    let measured = r["counters"]["sent_pkts"].as_u64().unwrap();
+    assert!((4000..4100).contains(&measured), "the size's own packets: {r}");
+    assert!(sent >= 4 * (1000 + 700), "the warm-up ran too: {sent} packets in all");
+    assert!(c.stderr.contains("Warm-up        : 700 iterations before each size"), "{}", c.stderr);
+    eprintln!("sent_pkts: {sent} in all, {measured} in the measured size");
+}
+
+/// A soak: a minute of write-bw with --interval 5 gives 12 intervals (terminal, JSON
+/// lines, the final document); a write-lat soak stopped by Ctrl-C at 30 s writes a valid
+/// document with the intervals so far and exits 130, and the server hears why.
+#[test]
+fn lab_soak_reports_every_interval_and_ctrl_c_keeps_what_was_measured() {
+    let dir = tempfile::tempdir().unwrap();
+    let (json, log) = (json_file(&dir, "soak.json"), json_file(&dir, "soak.jsonl"));
+    let (c, s) = pair("write-bw", &["-D", "60", "--interval", "5", "--json", &json, "--interval-log", &log], &[]);
+    assert_eq!((c.code, s.code), (0, 0), "{}\n{}", c.stderr, s.stderr);
+    let doc = valid_doc(&std::fs::read_to_string(&json).unwrap());
+    let intervals = doc["results"][0]["intervals"].as_array().unwrap().clone();
+    assert_eq!(intervals.len(), 12, "{intervals:?}");
+    assert!(intervals.iter().all(|i| i["gbps"].as_f64().unwrap() > 0.0), "{intervals:?}");
+    // An interval ends at the first completion past its boundary: its real span.
+    let last_start = intervals[11]["start_s"].as_f64().unwrap();
+    assert!((55.0..56.0).contains(&last_start), "{intervals:?}");
+    let lines: Vec<Value> =
+        std::fs::read_to_string(&log).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines, intervals, "the JSON lines are the document's intervals");
+    assert_eq!(c.stdout.matches(" interval ").count(), 12, "{}", c.stdout);
+    // Ctrl-C half way through a latency soak.
+    let port = next_port();
+    let server = spawn(&["write-lat", "-p", &port, "--connect-timeout", "30", "--timeout", "5"]);
+    let json = json_file(&dir, "stopped.json");
+    let addr = server_addr();
+    let client =
+        spawn(&["write-lat", "-p", &port, "--timeout", "5", "-D", "60", "--interval", "5", "--json", &json, &addr]);
+    let pid = client.id() as i32;
+    std::thread::sleep(Duration::from_secs(30));
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let stopped = Instant::now();
+    let c = finish(client, Duration::from_secs(30));
+    let waited = stopped.elapsed();
+    let s = finish(server, Duration::from_secs(30));
+    assert_eq!(c.code, 130, "{}\n{}", c.stdout, c.stderr);
+    assert!(waited < Duration::from_secs(5), "the size ended at once: {waited:?}");
+    let doc = valid_doc(&std::fs::read_to_string(&json).unwrap());
+    let r = &doc["results"][0];
+    let intervals = r["intervals"].as_array().unwrap();
+    let end = intervals.last().unwrap()["end_s"].as_f64().unwrap();
+    assert!((5..=7).contains(&intervals.len()) && (25.0..35.0).contains(&end), "{intervals:?}");
+    assert!(intervals.iter().all(|i| i["latency"]["p50_ns"].as_f64().unwrap() > 0.0), "{intervals:?}");
+    assert!(r["latency"]["samples"].as_u64().unwrap() > 0, "{r}");
+    assert!(s.code != 0 && s.stderr.contains("signal 2"), "the server hears why: {}", s.stderr);
+    eprintln!("stopped after {end:.1} s with {} intervals, {waited:?} after the signal", intervals.len());
+}
+
 const RAILS_SERVER: &str = "10.90.1.1";
 const CLIENT_RAILS: &str = "rxea0,rxea1";
 const SERVER_RAILS: &str = "rxeb0,rxeb1";

@@ -12,10 +12,12 @@
 //! formatting, no locks.
 
 use crate::bench::pattern;
+use crate::bench::soak::Soak;
 use crate::error::{Error, Result};
 use crate::link::wait::{RecvRing, SendWindow, Woke, spin_until};
 use crate::link::{Link, SizeRun};
 use crate::session::{Channel, Message};
+use crate::signals;
 use crate::spec::{AtomicOp, Operation, TestSpec};
 use crate::stats::{Clock, LatencyRecorder};
 use crate::verbs::cq::{CqKind, check_completion, completions, imm_of};
@@ -199,8 +201,8 @@ impl<'a> PingPong<'a> {
 }
 
 /// The measuring side.
-pub fn client(run: &SizeRun, chan: &mut Channel) -> Result<LatencyRun> {
-    if is_ping_pong(run.spec) { ping_pong_client(run, chan) } else { round_trip_client(run, chan) }
+pub fn client(run: &SizeRun, chan: &mut Channel, soak: Option<&mut Soak>) -> Result<LatencyRun> {
+    if is_ping_pong(run.spec) { ping_pong_client(run, chan, soak) } else { round_trip_client(run, chan, soak) }
 }
 
 /// Ends the loop at `-n` iterations or after `-D` seconds.
@@ -219,16 +221,19 @@ impl Limit {
         }
     }
 
+    /// A timed run also ends early when a Ctrl-C winds a soak down.
     #[inline(always)]
     pub fn done(&self, i: u64, clock: &Clock) -> bool {
         match self.limit_ns {
-            Some(limit) => i > 0 && clock.nanos(self.start, clock.now()) >= limit,
+            Some(limit) => {
+                i > 0 && (clock.nanos(self.start, clock.now()) >= limit || signals::winding_down().is_some())
+            }
             None => i == self.iterations,
         }
     }
 }
 
-fn ping_pong_client(run: &SizeRun, chan: &mut Channel) -> Result<LatencyRun> {
+fn ping_pong_client(run: &SizeRun, chan: &mut Channel, mut soak: Option<&mut Soak>) -> Result<LatencyRun> {
     let SizeRun { link, spec, size, clock, timeout_ns, .. } = *run;
     let mut p = PingPong::new(link, spec, size);
     let mut ring = link.receives.lock().expect("no poisoning");
@@ -243,7 +248,11 @@ fn ping_pong_client(run: &SizeRun, chan: &mut Channel) -> Result<LatencyRun> {
         let arrived = p.wait(i, ring.as_mut(), clock, chan, timeout_ns, "the reply to a ping")?;
         let t1 = clock.now();
         let slot = arrived.map_err(|m| Error::Peer(format!("{peer} sent {} in the middle of the run", m.kind())))?;
-        recorder.record(clock.nanos(t0, t1));
+        let ns = clock.nanos(t0, t1);
+        recorder.record(ns);
+        if let Some(s) = soak.as_deref_mut() {
+            s.sample(ns, clock.nanos(limit.start, t1));
+        }
         if spec.validate_data
             && let Some(e) = p.check(i, slot)
         {
@@ -257,7 +266,7 @@ fn ping_pong_client(run: &SizeRun, chan: &mut Channel) -> Result<LatencyRun> {
     Ok(LatencyRun { recorder, iterations: i, elapsed_ns: clock.nanos(limit.start, clock.now()) })
 }
 
-fn round_trip_client(run: &SizeRun, chan: &mut Channel) -> Result<LatencyRun> {
+fn round_trip_client(run: &SizeRun, chan: &mut Channel, mut soak: Option<&mut Soak>) -> Result<LatencyRun> {
     let SizeRun { link, spec, size, clock, timeout_ns, .. } = *run;
     let l = &link.layout;
     let mut req = match spec.operation {
@@ -298,7 +307,11 @@ fn round_trip_client(run: &SizeRun, chan: &mut Channel) -> Result<LatencyRun> {
         }
         polled?;
         check_completion(&wcs[0], &peer)?;
-        recorder.record(clock.nanos(t0, t1));
+        let ns = clock.nanos(t0, t1);
+        recorder.record(ns);
+        if let Some(s) = soak.as_deref_mut() {
+            s.sample(ns, clock.nanos(limit.start, t1));
+        }
         match spec.operation {
             Operation::Read if spec.validate_data => {
                 // SAFETY: the read completed; nothing else writes this slot.

@@ -10,3 +10,4 @@ pub mod pattern;
 pub mod rails;
 pub mod ring;
 pub mod runner;
+pub mod soak;

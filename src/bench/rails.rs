@@ -222,6 +222,8 @@ pub fn aggregate(rails: &[&SizeResult], samples: &[Option<&LatencyRecorder>]) ->
         delivered,
         counters: add_counters(rails.iter().map(|r| r.counters.as_ref())),
         peer_counters: add_counters(rails.iter().map(|r| r.peer_counters.as_ref())),
+        // Each rail's intervals, named by rail: they are not aligned to add up.
+        intervals: rails.iter().flat_map(|r| r.intervals.iter().cloned()).collect(),
     })
 }
 

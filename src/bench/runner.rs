@@ -6,17 +6,20 @@ use std::io::Write;
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::SyncSender;
 use std::time::Duration;
 
 use super::rails::{self, Conductor};
+use crate::bench::soak::{self, Soak};
 use crate::bench::{bandwidth, cpus, latency, memory, ring};
 use crate::error::{Error, Result};
 use crate::link::{Prepared, Role, SizeRun};
 use crate::report;
+use crate::report::file;
 use crate::report::histogram::SizeHistogram;
 use crate::report::json::{self, Document};
 use crate::report::table::{self, Units};
-use crate::report::{Environment, LatencyResult, RailResult, RunResult, SizeResult, rail_label};
+use crate::report::{Environment, IntervalResult, LatencyResult, RailResult, RunResult, SizeResult, rail_label};
 use crate::session::auth::Token;
 use crate::session::{Channel, Door, Message, RailHello, handshake, proto};
 use crate::spec::rails::{Devices, RailMode};
@@ -63,6 +66,10 @@ pub struct RunOptions {
     pub cpu_util: bool,
     /// Print each size's port counter deltas under its row (`--counters`).
     pub counters: bool,
+    /// `--interval-log`: every soak interval as a JSON line, to this file or stdout (`-`).
+    pub interval_log: Option<String>,
+    /// Where a soak's kernels send each interval as it ends (set by the client run).
+    pub intervals: Option<SyncSender<IntervalResult>>,
     pub histogram: Option<String>,
     pub units: Units,
     /// Tables go to stderr (a workload run writing its JSON to stdout).
@@ -70,13 +77,13 @@ pub struct RunOptions {
 }
 
 impl RunOptions {
-    /// Tables go to stdout, unless the JSON document does.
+    /// Tables go to stdout, unless the JSON document (or the interval log) does.
+    fn tables_to_stderr(&self) -> bool {
+        self.tables_on_stderr || self.json.as_deref() == Some("-") || self.interval_log.as_deref() == Some("-")
+    }
+
     fn table_out(&self) -> Box<dyn Write> {
-        if self.tables_on_stderr || self.json.as_deref() == Some("-") {
-            Box::new(std::io::stderr())
-        } else {
-            Box::new(std::io::stdout())
-        }
+        if self.tables_to_stderr() { Box::new(std::io::stderr()) } else { Box::new(std::io::stdout()) }
     }
 
     /// The server's door on `--bind`/`-p`, requiring the token when one is set.
@@ -86,7 +93,8 @@ impl RunOptions {
 
     /// The output files can be written: checked before anything is measured.
     fn check_outputs(&self) -> Result<()> {
-        report::file::check_outputs(&[(&self.json, "--json"), (&self.histogram, "--histogram")])
+        let log = self.interval_log.clone().filter(|p| p != "-");
+        file::check_outputs(&[(&self.json, "--json"), (&self.histogram, "--histogram"), (&log, "--interval-log")])
     }
 
     fn timeout_ns(&self) -> u64 {
@@ -135,6 +143,27 @@ fn client_run(host: &str, spec: &TestSpec, opts: &RunOptions) -> Result<(RunResu
     opts.check_outputs()?;
     let devices = opts.rails.resolve()?;
     memory::check(spec, devices.len(), opts.max_memory, "this client")?;
+    if spec.interval_secs.is_none() {
+        return client_rails(host, spec, opts, devices);
+    }
+    let printer = soak::Printer::start(opts.interval_log.as_deref(), opts.tables_to_stderr(), opts.units)?;
+    let opts = RunOptions { intervals: Some(printer.sender()), ..opts.clone() };
+    let outcome = client_rails(host, spec, &opts, devices);
+    // The kernels' senders go with the options; the printer then ends once it has
+    // written every interval.
+    drop(opts);
+    printer.finish();
+    outcome
+}
+
+/// The rails of a client run, each on its thread (a lone one on this thread), and the
+/// printer of their table.
+fn client_rails(
+    host: &str,
+    spec: &TestSpec,
+    opts: &RunOptions,
+    devices: Vec<String>,
+) -> Result<(RunResult, Option<Error>)> {
     let cpus = cpu_plan(&devices, spec.threads);
     let conductor = Conductor::new(&devices, &cpus, opts.rails.mode);
     let clock = Clock::new();
@@ -225,13 +254,24 @@ fn client_rail(
     let env = links[0].environment(&format!("{host}:{}", opts.tcp_port));
     conductor.complete(i, |r| r.environment = Some(env));
     let keep_samples = opts.histogram.is_some() || devices.len() > 1;
+    let warmup_spec = spec.warmup_pass();
     for (k, &size) in spec.sizes.iter().enumerate() {
         conductor.wait_turn(i, rails::size_step(k), Some(&mut chan))?;
-        let runs: Vec<SizeRun> = links
-            .iter()
-            .map(|link| SizeRun { link, spec, size, clock, timeout_ns: opts.timeout_ns(), cpus: &cpus })
-            .collect();
-        let (r, samples) = measure_size(&runs, &mut chan, opts, keep_samples)
+        let runs_of = |spec| -> Vec<SizeRun> {
+            links
+                .iter()
+                .map(|link| SizeRun { link, spec, size, clock, timeout_ns: opts.timeout_ns(), cpus: &cpus })
+                .collect()
+        };
+        let warmed = match &warmup_spec {
+            Some(w) => measure_size(&runs_of(w), &mut chan, opts, false, Pass::Warmup).map(|_| ()),
+            None => Ok(()),
+        };
+        let (r, samples) = warmed
+            .and_then(|()| {
+                let pass = Pass::Measured { rail: (devices.len() > 1).then_some(i as u32) };
+                measure_size(&runs_of(spec), &mut chan, opts, keep_samples, pass)
+            })
             .map_err(|e| link_loss(e, &devices[i], opts.rails.ib_port))
             .inspect_err(|e| {
                 if !matches!(e, Error::Peer(_)) {
@@ -242,6 +282,16 @@ fn client_rail(
             rail.results.push(r);
             rail.samples.push(samples);
         });
+        if crate::signals::winding_down().is_some() {
+            break;
+        }
+    }
+    // A soak wound down by Ctrl-C: the sizes measured so far are the run's (written by
+    // the caller); the server hears why the rest will not come.
+    if let Some(sig) = crate::signals::winding_down() {
+        let e = Error::Interrupted(sig);
+        chan.abort(&e);
+        return Err(e);
     }
     // Every rail's results travel to the server on every rail, once all are in.
     let run = conductor.wait_report(&mut chan)?;
@@ -385,13 +435,24 @@ impl Progress {
     }
 }
 
+/// Which pass of a size `measure_size` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// `--warmup`: run, then forget.
+    Warmup,
+    /// The measurement; `rail` names the rail in a run of several (for soak intervals).
+    Measured { rail: Option<u32> },
+}
+
 /// Runs one size on every QP (`runs`, one per QP; latency uses the first).
 fn measure_size(
     runs: &[SizeRun],
     chan: &mut Channel,
     opts: &RunOptions,
     keep_samples: bool,
+    pass: Pass,
 ) -> Result<(SizeResult, Option<LatencyRecorder>)> {
+    let warmup = pass == Pass::Warmup;
     let run = &runs[0];
     let SizeRun { spec, size, .. } = *run;
     for r in runs {
@@ -399,7 +460,7 @@ fn measure_size(
     }
     // Every QP of a rail is on one port: one reading covers them.
     let counters_before = run.link.counters();
-    chan.send(&Message::Start { size })?;
+    chan.send(&Message::Start { size, warmup })?;
     // The server answers at once (it only resets its buffers): no heartbeat extends this.
     match chan.recv_handshake("the server to get ready")? {
         Message::Ready { size: s } if s == size => {}
@@ -412,14 +473,24 @@ fn measure_size(
     let mut per_qp = Vec::new();
     let mut per_thread = Vec::new();
     let kernel = Kernel::of(spec);
+    let (kind, scale) = if latency::is_ping_pong(spec) { ("one_way", 0.5) } else { ("round_trip", 1.0) };
+    let mut soak = match (spec.interval_secs, spec.duration_secs, pass) {
+        (Some(every), Some(d), Pass::Measured { rail }) => {
+            Some(Soak::new(every, d, size, rail, scale, opts.intervals.clone()))
+        }
+        _ => None,
+    };
+    let mut intervals = Vec::new();
     let (iterations, duration_ns, latency, bandwidth) = match kernel {
         Kernel::Latency | Kernel::RingLatency => {
             let lat = if kernel == Kernel::RingLatency {
                 ring::latency_client(runs, chan)?
             } else {
-                latency::client(run, chan)?
+                latency::client(run, chan, soak.as_mut())?
             };
-            let (kind, scale) = if latency::is_ping_pong(spec) { ("one_way", 0.5) } else { ("round_trip", 1.0) };
+            if let Some(s) = soak.take() {
+                intervals = s.finish(lat.elapsed_ns, None);
+            }
             let summary = lat.recorder.summary(scale);
             if keep_samples {
                 samples = Some(lat.recorder);
@@ -432,7 +503,7 @@ fn measure_size(
             (bw.iterations, bw.summary.elapsed_ns, None, Some(bw.summary))
         }
         Kernel::Bandwidth => {
-            let side = bandwidth::client(runs, chan)?;
+            let side = bandwidth::client(runs, chan, soak.as_mut())?;
             if spec.bidirectional {
                 // The server's traffic landed here: check it like the server checks ours.
                 let theirs = &side.peer_per_qp;
@@ -443,6 +514,9 @@ fn measure_size(
             per_qp = side.sent_per_qp;
             per_thread = side.per_thread;
             let bw = side.sent.expect("the client always sends");
+            if let Some(s) = soak.take() {
+                intervals = s.finish(bw.summary.elapsed_ns, Some(bw.iterations));
+            }
             (bw.iterations, bw.summary.elapsed_ns, None, Some(bw.summary))
         }
     };
@@ -489,6 +563,7 @@ fn measure_size(
         delivered,
         counters,
         peer_counters,
+        intervals,
     };
     Ok((result, samples))
 }
@@ -784,32 +859,36 @@ impl RailServer<'_> {
         check_sharing(&spec, &links[0].local, &links[0].remote, chan.peer())?;
         let env = links[0].environment(chan.peer());
         let my_cpus = &cpus[index];
+        let warmup_spec = spec.warmup_pass();
         loop {
             match chan.recv("the next size or the final report")? {
-                Message::Start { size } => {
+                Message::Start { size, warmup } => {
                     if !spec.sizes.contains(&size) {
                         return Err(Error::Peer(format!(
                             "{} asked for size {size}, which is not in its spec",
                             chan.peer()
                         )));
                     }
+                    let spec = match (warmup, &warmup_spec) {
+                        (false, _) => &spec,
+                        (true, Some(w)) => w,
+                        (true, None) => {
+                            return Err(Error::Peer(format!(
+                                "{} asked for a warm-up its spec does not have",
+                                chan.peer()
+                            )));
+                        }
+                    };
                     for link in &links {
-                        latency::prepare(link, &spec, size);
+                        latency::prepare(link, spec, size);
                     }
                     let counters_before = links[0].counters();
                     chan.send(&Message::Ready { size })?;
                     let runs: Vec<SizeRun> = links
                         .iter()
-                        .map(|link| SizeRun {
-                            link,
-                            spec: &spec,
-                            size,
-                            clock,
-                            timeout_ns: opts.timeout_ns(),
-                            cpus: my_cpus,
-                        })
+                        .map(|link| SizeRun { link, spec, size, clock, timeout_ns: opts.timeout_ns(), cpus: my_cpus })
                         .collect();
-                    let (iterations, data_error, reverse) = match Kernel::of(&spec) {
+                    let (iterations, data_error, reverse) = match Kernel::of(spec) {
                         Kernel::Latency => {
                             let o = latency::server(&runs[0], chan)?;
                             (o.iterations, o.data_error, None)

@@ -211,6 +211,8 @@ impl ConnectionArgs {
             json: None,
             cpu_util: false,
             counters: false,
+            interval_log: None,
+            intervals: None,
             histogram: None,
             units: if report_gbits { Units::GigaBits } else { Units::MegaBytes },
             tables_on_stderr: false,
@@ -255,6 +257,19 @@ pub struct TestArgs {
     /// Run each size for this many seconds instead of a fixed count.
     #[arg(short = 'D', long = "duration")]
     pub duration: Option<f64>,
+    /// Run this many iterations before each size's measurement and leave them out of its
+    /// figures (caches, TLB and the peer's receive queue warm; perftest's --perform_warm_up).
+    #[arg(long, value_name = "N")]
+    pub warmup: Option<u64>,
+    #[arg(long, value_name = "SECS", help = format!(
+        "A soak: with -D, print every SECS seconds that interval's bandwidth or latency percentiles as the run goes \
+         and keep them in the JSON (`intervals`); Ctrl-C ends the size early and writes what was measured \
+         ({}..={} s)", crate::spec::INTERVAL_RANGE.0, crate::spec::INTERVAL_RANGE.1))]
+    pub interval: Option<f64>,
+    /// With --interval: also append each interval to FILE as a JSON line when it ends, or
+    /// to stdout with `-`.
+    #[arg(long, value_name = "FILE|-", requires = "interval")]
+    pub interval_log: Option<String>,
     #[arg(short = 't', long = "tx-depth", help = per_test_help("Send queue depth", |s| s.tx_depth))]
     pub tx_depth: Option<u32>,
     #[arg(short = 'Q', long = "cq-mod", help = format!(
@@ -720,6 +735,8 @@ impl TestArgs {
             batch: self.batch,
             notify: self.notify,
             fabric: self.fabric.options(),
+            warmup: self.warmup,
+            interval: self.interval,
         }
     }
 
@@ -737,6 +754,7 @@ impl TestArgs {
             json: self.json.clone(),
             cpu_util: self.cpu_util,
             counters: self.counters,
+            interval_log: self.interval_log.clone(),
             histogram: self.histogram.clone(),
             ..self.conn.run_options(self.report_gbits)?
         })

@@ -116,14 +116,24 @@ mod tests {
                 bytes: size * 3,
                 duration_ns: 9000,
                 latency: Some(LatencyResult { kind: "one_way".into(), unit: "ns".into(), summary: rec.summary(0.5) }),
+                intervals: vec![crate::report::IntervalResult {
+                    size,
+                    start_s: 0.0,
+                    end_s: 1.0,
+                    iterations: 3,
+                    latency: Some(rec.summary(0.5)),
+                    ..Default::default()
+                }],
                 bandwidth: None,
                 data_validated: false,
                 ..Default::default()
             })
             .collect();
+        let mut spec = spec(Measure::Latency, sizes.clone());
+        (spec.warmup, spec.duration_secs, spec.interval_secs) = (100, Some(2.0), Some(1.0));
         let run = RunResult {
             test: "write_lat".into(),
-            spec: spec(Measure::Latency, sizes.clone()),
+            spec,
             environment: env(),
             results,
             rails: Vec::new(),
@@ -145,6 +155,16 @@ mod tests {
             bandwidth: Some(ThroughputSummary::new(65536, 10, 1000, Peak { msgs_per_sec: None, window_msgs: 10 })),
             data_validated: true,
             counters: Some([("completer_retry_err".to_string(), 41), ("sent_pkts".to_string(), 10)].into()),
+            intervals: vec![crate::report::IntervalResult {
+                size: 65536,
+                rail: Some(1),
+                start_s: 0.0,
+                end_s: 5.0,
+                iterations: 10,
+                gbps: Some(0.001),
+                mpps: Some(0.000002),
+                latency: None,
+            }],
             peer_counters: Some(Default::default()),
             ..Default::default()
         }];

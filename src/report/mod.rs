@@ -111,6 +111,30 @@ pub struct SizeResult {
     /// The same for the peer's port, as the peer read it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer_counters: Option<BTreeMap<String, u64>>,
+    /// With `--interval` (a soak): every interval's figures, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub intervals: Vec<IntervalResult>,
+}
+
+/// One interval of a soak: what the size's run did between `start_s` and `end_s` (seconds
+/// from its start). Bandwidth tests give `gbps` and `mpps`, latency tests the interval's
+/// percentiles (the same kind and scale as the size's `latency`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct IntervalResult {
+    pub size: u64,
+    /// The rail, in a run of several.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rail: Option<u32>,
+    pub start_s: f64,
+    pub end_s: f64,
+    /// Messages (bandwidth) or samples (latency) of the interval.
+    pub iterations: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gbps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mpps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<LatencySummary>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

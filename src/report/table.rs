@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 
-use super::{Environment, SizeResult};
+use super::{Environment, IntervalResult, SizeResult};
 use crate::spec::{Measure, Operation, TestSpec};
 use crate::stats::ThroughputSummary;
 use crate::stats::throughput::{BYTES_PER_GBIT, BYTES_PER_MB};
@@ -54,6 +54,12 @@ pub fn banner(out: &mut dyn Write, spec: &TestSpec, env: &Environment, role: &st
     writeln!(out, " Path           : {}", spec.fabric.describe())?;
     if spec.transport == crate::spec::Transport::Rc {
         writeln!(out, " Retransmission : {}", spec.fabric.describe_retry())?;
+    }
+    if spec.warmup > 0 {
+        writeln!(out, " Warm-up        : {} iterations before each size, not in its figures", spec.warmup)?;
+    }
+    if let Some(every) = spec.interval_secs {
+        writeln!(out, " Intervals      : every {every} s, printed as they end (Ctrl-C ends the size early)")?;
     }
     writeln!(out, " local  GID index {} : {} ({})", env.gid_index, env.gid, env.gid_type)?;
     writeln!(
@@ -241,6 +247,36 @@ pub fn counter_line(out: &mut dyn Write, r: &SizeResult) -> std::io::Result<()> 
         return writeln!(out, "   counters: the ports have none");
     }
     writeln!(out, "   counters at {} B: {}", r.size, parts.join("; "))
+}
+
+/// A soak's interval, as it ends: its span, then bandwidth (in the table's units) or
+/// latency percentiles.
+pub fn interval_line(out: &mut dyn Write, i: &IntervalResult, units: Units) -> std::io::Result<()> {
+    let rail = i.rail.map_or(String::new(), |r| format!("rail {r} "));
+    let span = format!(" {rail}interval {:>7.1}-{:<7.1} s {:>8} B", i.start_s, i.end_s, i.size);
+    match (&i.latency, i.gbps) {
+        (Some(l), _) => {
+            let us = |ns: f64| ns / 1000.0;
+            writeln!(
+                out,
+                "{span}  p50 {:.2} us  p99 {:.2} us  p99.9 {:.2} us  max {:.2} us  ({} samples)",
+                us(l.p50_ns),
+                us(l.p99_ns),
+                us(l.p999_ns),
+                us(l.max_ns),
+                i.iterations
+            )
+        }
+        (None, Some(gbps)) => {
+            let bytes_per_sec = gbps * 1e9 / 8.0;
+            let (v, unit) = match units {
+                Units::MegaBytes => (bytes_per_sec / BYTES_PER_MB, "MB/s"),
+                Units::GigaBits => (bytes_per_sec / BYTES_PER_GBIT, "Gb/s"),
+            };
+            writeln!(out, "{span}  {v:.2} {unit}  {:.6} Mpps  ({} messages)", i.mpps.unwrap_or(0.0), i.iterations)
+        }
+        (None, None) => writeln!(out, "{span}  nothing completed"),
+    }
 }
 
 pub fn footer(out: &mut dyn Write) -> std::io::Result<()> {

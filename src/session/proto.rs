@@ -72,6 +72,9 @@ pub enum Message {
     Endpoint(Box<Endpoint>),
     Start {
         size: u64,
+        /// The size's warm-up pass (`spec.warmup` iterations, not measured), before its run.
+        #[serde(default)]
+        warmup: bool,
     },
     Ready {
         size: u64,

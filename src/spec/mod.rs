@@ -206,7 +206,24 @@ pub struct TestSpec {
     /// Traffic class, SL, flow label, hop limit and RC retransmission (`spec::fabric`).
     #[serde(default)]
     pub fabric: Fabric,
+    /// `--warmup`: iterations run before each size's measurement, excluded from its figures.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub warmup: u64,
+    /// `--interval`: with `-D`, report the figures of every interval of this many seconds
+    /// as the run goes (a soak).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval_secs: Option<f64>,
 }
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// The most warm-up iterations a size may have.
+pub const MAX_WARMUP: u64 = 100_000_000;
+
+/// The shortest and longest soak interval, seconds.
+pub const INTERVAL_RANGE: (f64, f64) = (0.1, 3600.0);
 
 /// A bandwidth test requests a completion at least once per this many bytes sent.
 pub const SIGNAL_BYTES: u64 = 8 << 20;
@@ -249,7 +266,22 @@ impl TestSpec {
             corrupt_at: None,
             ring: TestSpec::default_ring(operation, measure, d.size),
             fabric: Fabric::default(),
+            warmup: 0,
+            interval_secs: None,
         }
+    }
+
+    /// The warm-up pass of a size: this spec for `warmup` iterations (the same traffic,
+    /// checked the same way), without intervals; None when there is none.
+    pub fn warmup_pass(&self) -> Option<TestSpec> {
+        (self.warmup > 0).then(|| TestSpec {
+            iterations: self.warmup,
+            duration_secs: None,
+            interval_secs: None,
+            corrupt_at: None,
+            warmup: 0,
+            ..self.clone()
+        })
     }
 
     /// A ring test's ring unless told otherwise, for records up to `max_size`.
@@ -407,6 +439,51 @@ impl TestSpec {
                 Field::Duration,
                 format!("duration {d} s is out of range; use {} with 1..=86400 seconds", n(Field::Duration)),
             );
+        }
+        if self.warmup > MAX_WARMUP {
+            return no(
+                Field::Warmup,
+                format!("{} warm-up iterations per size; use {} 0..={MAX_WARMUP}", self.warmup, n(Field::Warmup)),
+            );
+        }
+        if let Some(every) = self.interval_secs {
+            let (lo, hi) = INTERVAL_RANGE;
+            let Some(d) = self.duration_secs else {
+                return no(
+                    Field::Interval,
+                    format!(
+                        "{} reports a soak's intervals: give the run's length with {}",
+                        n(Field::Interval),
+                        n(Field::Duration)
+                    ),
+                );
+            };
+            if !(every.is_finite() && (lo..=hi).contains(&every) && every <= d) {
+                return no(
+                    Field::Interval,
+                    format!(
+                        "interval {every} s is out of range; use {} {lo}..={hi} seconds, at most {} ({d} s)",
+                        n(Field::Interval),
+                        n(Field::Duration)
+                    ),
+                );
+            }
+            if self.operation == Operation::Ring || self.threads > 1 || self.bidirectional {
+                return no(
+                    Field::Interval,
+                    format!(
+                        "{} applies to latency tests and one-thread, one-direction bandwidth tests; drop {}",
+                        n(Field::Interval),
+                        if self.operation == Operation::Ring {
+                            "it for ring tests"
+                        } else if self.threads > 1 {
+                            n(Field::Threads)
+                        } else {
+                            n(Field::Bidirectional)
+                        }
+                    ),
+                );
+            }
         }
         if self.tx_depth == 0 {
             return no(
@@ -804,6 +881,35 @@ mod tests {
         assert!(usage(s.check()).contains("-D"));
         s.duration_secs = Some(f64::NAN);
         assert!(usage(s.check()).contains("-D"));
+    }
+
+    #[test]
+    fn a_soak_needs_a_duration_and_a_sane_interval_and_warm_up_is_its_own_pass() {
+        let mut s = TestSpec::new(Operation::Write, Measure::Bandwidth);
+        s.interval_secs = Some(5.0);
+        assert!(usage(s.check()).contains("give the run's length with -D"));
+        s.duration_secs = Some(60.0);
+        s.check().unwrap();
+        for bad in [0.0, 0.05, 61.0, f64::INFINITY] {
+            s.interval_secs = Some(bad);
+            assert!(usage(s.check()).contains("0.1..=3600"), "{bad}");
+        }
+        s.interval_secs = Some(5.0);
+        s.threads = 2;
+        s.num_qps = 2;
+        assert!(usage(s.check()).contains("drop --threads"));
+        let mut ring = TestSpec::new(Operation::Ring, Measure::Bandwidth);
+        (ring.duration_secs, ring.interval_secs) = (Some(10.0), Some(1.0));
+        assert!(usage(ring.check()).contains("ring tests"));
+        s.threads = 1;
+        s.warmup = MAX_WARMUP + 1;
+        assert!(usage(s.check()).contains("--warmup 0..="));
+        s.warmup = 500;
+        s.validate_data = true;
+        let w = s.warmup_pass().unwrap();
+        assert_eq!((w.iterations, w.duration_secs, w.interval_secs, w.warmup), (500, None, None, 0));
+        assert!(w.validate_data, "a warm-up moves the same data");
+        assert_eq!(TestSpec::new(Operation::Write, Measure::Latency).warmup_pass(), None);
     }
 
     #[test]

@@ -40,11 +40,13 @@ pub enum Field {
     QpTimeout,
     RetryCount,
     RnrRetry,
+    Warmup,
+    Interval,
 }
 
 impl Field {
     /// (field, flag, workload key)
-    const NAMES: [(Field, &'static str, &'static str); 31] = [
+    const NAMES: [(Field, &'static str, &'static str); 33] = [
         (Field::Transport, "-c", "transport"),
         (Field::WithImm, "--with-imm", "with_imm"),
         (Field::AtomicOp, "-A", "atomic_op"),
@@ -76,6 +78,8 @@ impl Field {
         (Field::QpTimeout, "-u", "qp_timeout"),
         (Field::RetryCount, "--retry-count", "retry_count"),
         (Field::RnrRetry, "--rnr-retry", "rnr_retry"),
+        (Field::Warmup, "--warmup", "warmup"),
+        (Field::Interval, "--interval", "interval"),
     ];
 
     fn names(self) -> (&'static str, &'static str) {
@@ -134,6 +138,8 @@ pub struct Options {
     pub batch: Option<u32>,
     pub notify: Option<Notify>,
     pub fabric: FabricOptions,
+    pub warmup: Option<u64>,
+    pub interval: Option<f64>,
 }
 
 impl Options {
@@ -166,6 +172,8 @@ impl Options {
             profile: self.profile.clone(),
             corrupt_at: self.corrupt_at,
             fabric: self.fabric.fabric(),
+            warmup: self.warmup.unwrap_or(d.warmup),
+            interval_secs: self.interval,
             ..d
         };
         let ring_given = self.capacity.is_some() || self.batch.is_some() || self.notify.is_some();
@@ -207,6 +215,8 @@ impl Options {
             (Field::Capacity, self.capacity.is_some()),
             (Field::Batch, self.batch.is_some()),
             (Field::Notify, self.notify.is_some()),
+            (Field::Warmup, self.warmup.is_some()),
+            (Field::Interval, self.interval.is_some()),
         ];
         let mut fields: Vec<Field> = given.into_iter().filter(|(_, g)| *g).map(|(f, _)| f).collect();
         fields.extend(self.fabric.given());

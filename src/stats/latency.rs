@@ -43,6 +43,12 @@ impl LatencyRecorder {
         self.count
     }
 
+    /// Forgets every sample, keeping the histogram's memory (a soak's next interval).
+    pub fn reset(&mut self) {
+        self.hist.reset();
+        (self.count, self.min, self.max, self.sum, self.sum_sq) = (0, u64::MAX, 0, 0, 0.0);
+    }
+
     /// Adds another recorder's samples (rails measured side by side, as one distribution).
     pub fn merge(&mut self, other: &LatencyRecorder) {
         if other.count == 0 {

@@ -111,6 +111,8 @@ struct RawStep {
     qp_timeout: Option<u32>,
     retry_count: Option<u32>,
     rnr_retry: Option<u32>,
+    warmup: Option<u64>,
+    interval: Option<f64>,
     repeat: Option<u32>,
     thresholds: Option<BTreeMap<String, Limit>>,
     max_counters: Option<BTreeMap<String, f64>>,
@@ -282,6 +284,8 @@ fn step(src: &Source, span: &Range<usize>, s: &RawStep, params: &BTreeMap<String
         capacity: s.capacity.map(|b| b.0),
         batch: s.batch,
         notify: s.notify,
+        warmup: s.warmup,
+        interval: s.interval,
         fabric: FabricOptions {
             traffic_class: s.tclass,
             service_level: s.sl,

@@ -6,6 +6,7 @@ use crate::bench::pattern;
 use crate::error::Result;
 use crate::link::wait::{EVENT_SLICE, RecvRing, SendWindow};
 use crate::link::{Link, SizeRun};
+use crate::signals;
 use crate::spec::{AtomicOp, Operation, TestSpec};
 use crate::stats::{Clock, PeakMeter, ThroughputSummary};
 use crate::verbs::cq::{CqKind, check_completion, imm_of, wait_any_event};
@@ -168,9 +169,10 @@ impl<'a> Sender<'a> {
             self.completed += n;
             self.last_completion = clock.now();
             let t = clock.nanos(self.start, self.last_completion);
+            // A Ctrl-C that winds a soak down ends a timed run as its time would.
             if let Some(limit) = self.limit_ns
                 && !self.time_up
-                && t >= limit
+                && (t >= limit || signals::winding_down().is_some())
             {
                 self.time_up = true;
                 // The next post is the last and is signalled; none is needed if nothing is unsignalled.
@@ -315,6 +317,12 @@ impl<'a> LaneSet<'a> {
 
     pub(super) fn sending_finished(&self) -> bool {
         self.senders.iter().all(Sender::finished)
+    }
+
+    /// Messages every lane has completed so far.
+    #[inline(always)]
+    pub(super) fn completed(&self) -> u64 {
+        self.senders.iter().map(|s| s.completed).sum()
     }
 
     pub(super) fn sent_per_qp(&self) -> Vec<u64> {

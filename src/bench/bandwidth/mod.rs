@@ -8,6 +8,7 @@
 //! counts and checks every arrival.
 
 use crate::bench::pattern;
+use crate::bench::soak::Soak;
 use crate::error::{Error, Result};
 use crate::link::{Link, SizeRun};
 use crate::session::{Channel, Message, PeerPoll};
@@ -49,10 +50,19 @@ pub struct SideOutcome {
 /// when `announce`, it tells the peer with `Done`), and, when the peer sends too, the
 /// peer's `Done` has come and its messages have arrived. With `--threads`, the lanes are
 /// spread over pinned worker threads and this thread keeps the control channel.
-fn drive(runs: &[SizeRun], chan: &mut Channel, send: bool, peer_sends: bool, announce: bool) -> Result<SideOutcome> {
+fn drive(
+    runs: &[SizeRun],
+    chan: &mut Channel,
+    send: bool,
+    peer_sends: bool,
+    announce: bool,
+    mut soak: Option<&mut Soak>,
+) -> Result<SideOutcome> {
     let SizeRun { spec, size, clock, timeout_ns, .. } = runs[0];
     let receive = peer_sends && spec.uses_receives();
     if spec.threads > 1 {
+        // The spec's check keeps --interval to one thread.
+        debug_assert!(soak.is_none());
         return threads::drive(runs, chan, send, receive, peer_sends, announce);
     }
     let peer = chan.peer().to_string();
@@ -80,6 +90,9 @@ fn drive(runs: &[SizeRun], chan: &mut Channel, send: bool, peer_sends: bool, ann
             // run (64 KiB with --validate-data in the lab: ten batches in 2 s) go silent
             // past a short --timeout on the server.
             last_progress = clock.now();
+            if let Some(s) = soak.as_deref_mut() {
+                s.progress(lanes.completed(), clock.nanos(start, last_progress));
+            }
             chan.heartbeat_if_due()?;
             continue;
         }
@@ -167,9 +180,9 @@ fn check_read_slots(run: &SizeRun, completed: u64, peer: &str) -> Result<()> {
 
 /// The client's part: send, and with `-b` also take the server's traffic. Without `-b`
 /// the runner sends `Done` afterwards; with it, `drive` does as soon as sending ends.
-pub fn client(runs: &[SizeRun], chan: &mut Channel) -> Result<SideOutcome> {
+pub fn client(runs: &[SizeRun], chan: &mut Channel, soak: Option<&mut Soak>) -> Result<SideOutcome> {
     let both = runs[0].spec.bidirectional;
-    drive(runs, chan, true, both, both)
+    drive(runs, chan, true, both, both, soak)
 }
 
 /// The server side of one size: (messages it saw, first data error, its own direction
@@ -177,7 +190,7 @@ pub fn client(runs: &[SizeRun], chan: &mut Channel) -> Result<SideOutcome> {
 pub fn server(runs: &[SizeRun], chan: &mut Channel) -> Result<(u64, Option<String>, Option<ThroughputSummary>)> {
     let SizeRun { spec, size, .. } = runs[0];
     let outcome = if spec.bidirectional || spec.uses_receives() {
-        drive(runs, chan, spec.bidirectional, true, spec.bidirectional)?
+        drive(runs, chan, spec.bidirectional, true, spec.bidirectional, None)?
     } else {
         // Passive: nothing to poll, so sleep in the channel until the client's `Done`.
         match chan.recv("the end of the bandwidth run")? {
