@@ -1477,6 +1477,53 @@ fn lab_warmup_runs_before_each_size_and_stays_out_of_its_figures() {
     eprintln!("sent_pkts: {sent} in all, {measured} in the measured size");
 }
 
+fn set_huge_pages(n: u32) {
+    std::fs::write("/proc/sys/vm/nr_hugepages", n.to_string()).expect("the guest runs as root");
+}
+
+/// Memory variants: relaxed ordering is requested by default and reported (rxe accepts
+/// the optional flag and has no PCIe function to say more); --hugepages without reserved
+/// huge pages is refused with the pool's state and the fix, and with some reserved moves
+/// every byte intact from huge pages; --odp is refused on rxe with the device's reason.
+#[test]
+fn lab_memory_relaxed_ordering_hugepages_and_odp() {
+    let memory = |args: &[&str]| {
+        let mut a = vec!["-n", "200", "-s", "64K", "--validate-data", "--json", "-"];
+        a.extend_from_slice(args);
+        let (c, s) = pair("write-bw", &a, &[]);
+        assert_eq!((c.code, s.code), (0, 0), "{args:?}: {}\n{}", c.stderr, s.stderr);
+        (valid_doc(&c.stdout)["environment"]["memory"].clone(), c.stderr)
+    };
+    let (on, table) = memory(&[]);
+    assert_eq!((on["relaxed_ordering"].as_bool(), on["page_bytes"].as_u64()), (Some(true), Some(4096)), "{on}");
+    assert!(on.get("pcie_relaxed_ordering").is_none(), "soft-RoCE has no PCIe function: {on}");
+    assert!(table.contains("Memory         : 4 KiB pages, pinned, relaxed ordering requested"), "{table}");
+    let (off, table) = memory(&["--no-relaxed-ordering"]);
+    assert_eq!(off["relaxed_ordering"].as_bool(), Some(false), "{off}");
+    assert!(table.contains("relaxed ordering off"), "{table}");
+
+    set_huge_pages(0);
+    let refused = run(&["write-bw", "--hugepages", "-s", "64K", "-n", "10", &server_addr()]);
+    assert_eq!(refused.code, 3, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("--hugepages: cannot map")
+            && refused.stderr.contains("0 are free")
+            && refused.stderr.contains("/proc/sys/vm/nr_hugepages"),
+        "{}",
+        refused.stderr
+    );
+    set_huge_pages(64);
+    let (huge, table) = memory(&["--hugepages"]);
+    set_huge_pages(0);
+    assert_eq!(huge["page_bytes"].as_u64(), Some(2 << 20), "{huge}");
+    assert!(table.contains("2048 KiB huge pages"), "{table}");
+
+    let odp = run(&["write-bw", "--odp", "-n", "10", &server_addr()]);
+    assert_eq!(odp.code, 2, "{}", odp.stderr);
+    assert!(odp.stderr.contains("--odp: the device refused an on-demand-paging registration"), "{}", odp.stderr);
+    eprintln!("{}", odp.stderr.trim());
+}
+
 /// A soak: a minute of write-bw with --interval 5 gives 12 intervals (terminal, JSON
 /// lines, the final document); a write-lat soak stopped by Ctrl-C at 30 s writes a valid
 /// document with the intervals so far and exits 130, and the server hears why.

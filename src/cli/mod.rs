@@ -266,6 +266,16 @@ pub struct TestArgs {
          and keep them in the JSON (`intervals`); Ctrl-C ends the size early and writes what was measured \
          ({}..={} s)", crate::spec::INTERVAL_RANGE.0, crate::spec::INTERVAL_RANGE.1))]
     pub interval: Option<f64>,
+    /// Register without PCIe relaxed ordering (requested by default, as perftest does,
+    /// where libibverbs and the device support it).
+    #[arg(long)]
+    pub no_relaxed_ordering: bool,
+    /// Put the buffers on huge pages (MAP_HUGETLB; some must be reserved).
+    #[arg(long)]
+    pub hugepages: bool,
+    /// Register the buffers for on-demand paging (where the device supports it).
+    #[arg(long)]
+    pub odp: bool,
     /// With --interval: also append each interval to FILE as a JSON line when it ends, or
     /// to stdout with `-`.
     #[arg(long, value_name = "FILE|-", requires = "interval")]
@@ -737,6 +747,9 @@ impl TestArgs {
             fabric: self.fabric.options(),
             warmup: self.warmup,
             interval: self.interval,
+            no_relaxed_ordering: self.no_relaxed_ordering,
+            hugepages: self.hugepages,
+            odp: self.odp,
         }
     }
 

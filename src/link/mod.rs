@@ -12,17 +12,20 @@
 
 pub mod wait;
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
-use crate::report::{Environment, PeerEnvironment};
+use crate::report::{Environment, MemoryReport, PeerEnvironment};
 use crate::session::{Channel, Message, PeerPoll, proto};
 use crate::spec::ring::{self, Notify};
 use crate::spec::{Fabric, Measure, Operation, TestSpec, check_against_device};
 use crate::stats::Clock;
+use crate::verbs::buffer::MemoryOptions;
 use crate::verbs::cm::{self, CmConnection, CmListener};
 use crate::verbs::counters;
 use crate::verbs::gid::{self, Family, GidKind, LinkLayer, SideChoice};
+use crate::verbs::inventory;
 use crate::verbs::qp::{GRH_BYTES, PathParams};
 use crate::verbs::{DeviceSelection, Qp, QpCaps, Rdma, RecvRequest, RegisteredBuf, Transport};
 use crate::verbs::{Endpoint, NicIdentity};
@@ -116,8 +119,14 @@ impl Layout {
 /// the spec alone, before anything is allocated, for `--max-memory`. Saturates instead of
 /// wrapping on a spec `TestSpec::check` would refuse.
 pub fn memory_need(spec: &TestSpec) -> u64 {
-    let per_lane = RegisteredBuf::mapped_len(Layout::new(spec).total_len()) as u64;
+    let page = RegisteredBuf::page_bytes(memory_options(spec));
+    let per_lane = RegisteredBuf::mapped_len(Layout::new(spec).total_len(), page) as u64;
     per_lane.saturating_mul(spec.lanes() as u64)
+}
+
+/// How the spec wants this side's buffers backed and registered.
+pub fn memory_options(spec: &TestSpec) -> MemoryOptions {
+    MemoryOptions { relaxed_ordering: spec.relaxed_ordering, huge_pages: spec.hugepages, on_demand: spec.odp }
 }
 
 /// The verbs' path parameters of a spec's fabric fields (checked to fit by `TestSpec::check`).
@@ -179,7 +188,7 @@ impl Prepared {
         .min(255);
         let mut lanes = Vec::with_capacity(spec.lanes() as usize);
         for _ in 0..spec.lanes() {
-            let buf = RegisteredBuf::new(&rdma.pd, layout.total_len())?;
+            let buf = RegisteredBuf::new(&rdma.pd, layout.total_len(), memory_options(spec))?;
             let mut qp = Qp::create(&rdma, spec.transport, caps)?;
             qp.set_path(path_params(&spec.fabric));
             let local = Endpoint {
@@ -355,6 +364,18 @@ impl Link {
             link_rate_gbps: self.rdma.port.rate_gbps,
             nic: self.local.nic.clone(),
             counters: self.counters().names(),
+            memory: {
+                let (opts, page) = self.buf.backing();
+                MemoryReport {
+                    page_bytes: page as u64,
+                    relaxed_ordering: opts.relaxed_ordering,
+                    pcie_relaxed_ordering: opts
+                        .relaxed_ordering
+                        .then(|| inventory::pcie_relaxed_ordering(Path::new("/"), &self.local.device))
+                        .flatten(),
+                    on_demand: opts.on_demand,
+                }
+            },
             peer: PeerEnvironment {
                 host: self.remote.node.clone(),
                 address: peer_address.into(),

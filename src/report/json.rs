@@ -80,6 +80,12 @@ mod tests {
                 numa_node: None,
             },
             counters: vec!["completer_retry_err".into(), "sent_pkts".into()],
+            memory: crate::report::MemoryReport {
+                page_bytes: 2 << 20,
+                relaxed_ordering: true,
+                pcie_relaxed_ordering: Some(true),
+                on_demand: false,
+            },
             peer: PeerEnvironment {
                 host: "b".into(),
                 address: "10.0.0.2:18515".into(),

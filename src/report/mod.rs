@@ -50,7 +50,45 @@ pub struct Environment {
     /// a size's `counters` may hold and a counter threshold may name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub counters: Vec<String>,
+    /// How this side's buffers were backed and registered.
+    #[serde(default)]
+    pub memory: MemoryReport,
     pub peer: PeerEnvironment,
+}
+
+/// This side's registered memory: its pages, and what the registration asked for.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemoryReport {
+    pub page_bytes: u64,
+    /// PCIe relaxed ordering was requested (an optional flag: the device applies it where
+    /// its PCIe function allows).
+    pub relaxed_ordering: bool,
+    /// Whether the NIC's PCIe function allows relaxed ordering (Device Control); absent
+    /// when there is none (soft-RoCE) or its config space was not readable (needs root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_relaxed_ordering: Option<bool>,
+    pub on_demand: bool,
+}
+
+impl MemoryReport {
+    /// The table header's words.
+    pub fn describe(&self) -> String {
+        let pages = if self.page_bytes > 4096 {
+            format!("{} KiB huge pages", self.page_bytes / 1024)
+        } else {
+            "4 KiB pages".into()
+        };
+        let ro = match (self.relaxed_ordering, self.pcie_relaxed_ordering) {
+            (false, _) => "relaxed ordering off".to_string(),
+            (true, Some(true)) => "relaxed ordering requested (the PCIe function allows it)".into(),
+            (true, Some(false)) => "relaxed ordering requested, but the PCIe function has it disabled".into(),
+            (true, None) => {
+                "relaxed ordering requested (no PCIe function state readable: soft-RoCE, or not root)".into()
+            }
+        };
+        let odp = if self.on_demand { ", on-demand paging" } else { ", pinned" };
+        format!("{pages}{odp}, {ro}")
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

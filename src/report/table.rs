@@ -55,6 +55,7 @@ pub fn banner(out: &mut dyn Write, spec: &TestSpec, env: &Environment, role: &st
     if spec.transport == crate::spec::Transport::Rc {
         writeln!(out, " Retransmission : {}", spec.fabric.describe_retry())?;
     }
+    writeln!(out, " Memory         : {}", env.memory.describe())?;
     if spec.warmup > 0 {
         writeln!(out, " Warm-up        : {} iterations before each size, not in its figures", spec.warmup)?;
     }

@@ -213,6 +213,23 @@ pub struct TestSpec {
     /// as the run goes (a soak).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval_secs: Option<f64>,
+    /// Request PCIe relaxed ordering on the registrations (`--no-relaxed-ordering`: off).
+    #[serde(default = "yes")]
+    pub relaxed_ordering: bool,
+    /// `--hugepages`: buffers on huge pages.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub hugepages: bool,
+    /// `--odp`: register for on-demand paging.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub odp: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -268,6 +285,9 @@ impl TestSpec {
             fabric: Fabric::default(),
             warmup: 0,
             interval_secs: None,
+            relaxed_ordering: true,
+            hugepages: false,
+            odp: false,
         }
     }
 

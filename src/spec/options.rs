@@ -42,11 +42,14 @@ pub enum Field {
     RnrRetry,
     Warmup,
     Interval,
+    NoRelaxedOrdering,
+    Hugepages,
+    Odp,
 }
 
 impl Field {
     /// (field, flag, workload key)
-    const NAMES: [(Field, &'static str, &'static str); 33] = [
+    const NAMES: [(Field, &'static str, &'static str); 36] = [
         (Field::Transport, "-c", "transport"),
         (Field::WithImm, "--with-imm", "with_imm"),
         (Field::AtomicOp, "-A", "atomic_op"),
@@ -80,6 +83,9 @@ impl Field {
         (Field::RnrRetry, "--rnr-retry", "rnr_retry"),
         (Field::Warmup, "--warmup", "warmup"),
         (Field::Interval, "--interval", "interval"),
+        (Field::NoRelaxedOrdering, "--no-relaxed-ordering", "relaxed_ordering"),
+        (Field::Hugepages, "--hugepages", "hugepages"),
+        (Field::Odp, "--odp", "odp"),
     ];
 
     fn names(self) -> (&'static str, &'static str) {
@@ -140,6 +146,9 @@ pub struct Options {
     pub fabric: FabricOptions,
     pub warmup: Option<u64>,
     pub interval: Option<f64>,
+    pub no_relaxed_ordering: bool,
+    pub hugepages: bool,
+    pub odp: bool,
 }
 
 impl Options {
@@ -174,6 +183,9 @@ impl Options {
             fabric: self.fabric.fabric(),
             warmup: self.warmup.unwrap_or(d.warmup),
             interval_secs: self.interval,
+            relaxed_ordering: !self.no_relaxed_ordering,
+            hugepages: self.hugepages,
+            odp: self.odp,
             ..d
         };
         let ring_given = self.capacity.is_some() || self.batch.is_some() || self.notify.is_some();
@@ -217,6 +229,9 @@ impl Options {
             (Field::Notify, self.notify.is_some()),
             (Field::Warmup, self.warmup.is_some()),
             (Field::Interval, self.interval.is_some()),
+            (Field::NoRelaxedOrdering, self.no_relaxed_ordering),
+            (Field::Hugepages, self.hugepages),
+            (Field::Odp, self.odp),
         ];
         let mut fields: Vec<Field> = given.into_iter().filter(|(_, g)| *g).map(|(f, _)| f).collect();
         fields.extend(self.fabric.given());

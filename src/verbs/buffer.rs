@@ -1,5 +1,5 @@
-//! Registered memory: page-aligned anonymous memory, pre-faulted, with its memory region.
-//! The region is deregistered before the memory is unmapped, on every path.
+//! Registered memory: page-aligned anonymous memory (or huge pages), pre-faulted, with its
+//! memory region. The region is deregistered before the memory is unmapped, on every path.
 
 use std::sync::Arc;
 
@@ -10,10 +10,56 @@ use sideway::ibverbs::protection_domain::ProtectionDomain;
 use super::memlock;
 use crate::error::{Error, Result};
 
+/// How a buffer's memory is backed and registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryOptions {
+    /// Ask for PCIe relaxed ordering (an optional access flag: a device or kernel that
+    /// cannot honour it registers without it, as perftest relies on).
+    pub relaxed_ordering: bool,
+    /// Back the buffer with huge pages (MAP_HUGETLB, the system's default huge page size).
+    pub huge_pages: bool,
+    /// Register for on-demand paging: the device faults pages in instead of pinning them.
+    pub on_demand: bool,
+}
+
+impl Default for MemoryOptions {
+    fn default() -> Self {
+        MemoryOptions { relaxed_ordering: true, huge_pages: false, on_demand: false }
+    }
+}
+
+/// The system's default huge page size, from /proc/meminfo (2 MiB when it does not say).
+pub fn huge_page_bytes() -> usize {
+    meminfo_kib("Hugepagesize:").map_or(2 << 20, |k| k as usize * 1024)
+}
+
+/// A /proc/meminfo value in kB (or a count, for the HugePages_ lines).
+fn meminfo_kib(key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    text.lines().find_map(|l| l.strip_prefix(key)?.split_whitespace().next()?.parse().ok())
+}
+
+/// Why a huge-page mapping failed, with the pool's state and the fix.
+fn no_huge_pages(len: usize, page: usize, os: &std::io::Error) -> Error {
+    let free = meminfo_kib("HugePages_Free:").unwrap_or(0);
+    let needed = len / page;
+    Error::Environment(format!(
+        "--hugepages: cannot map {} of {} huge pages ({os}); {free} are free (HugePages_Free in /proc/meminfo), \
+         {needed} needed: reserve them as root (`echo {} > /proc/sys/vm/nr_hugepages`, or hugepages-{}kB in a \
+         pod's resources) or drop --hugepages",
+        memlock::human_bytes(len as u64),
+        memlock::human_bytes(page as u64),
+        needed + free as usize,
+        page / 1024
+    ))
+}
+
 pub struct RegisteredBuf {
     mr: Option<Arc<MemoryRegion>>,
     ptr: *mut u8,
     len: usize,
+    opts: MemoryOptions,
+    page: usize,
 }
 
 // SAFETY: the buffer is plain memory owned by this value (freed after its MR is
@@ -24,42 +70,65 @@ unsafe impl Send for RegisteredBuf {}
 unsafe impl Sync for RegisteredBuf {}
 
 impl RegisteredBuf {
-    /// What asking for `len` bytes maps and registers: whole pages, at least one.
-    pub fn mapped_len(len: usize) -> usize {
-        len.max(64).next_multiple_of(4096)
+    /// What asking for `len` bytes maps and registers: whole pages (of `page` bytes), at
+    /// least one.
+    pub fn mapped_len(len: usize, page: usize) -> usize {
+        len.max(64).next_multiple_of(page)
+    }
+
+    /// The page a buffer with these options is made of.
+    pub fn page_bytes(opts: MemoryOptions) -> usize {
+        if opts.huge_pages { huge_page_bytes() } else { 4096 }
     }
 
     /// Maps and registers `len` bytes for local write and remote read/write/atomic access.
-    pub fn new(pd: &Arc<ProtectionDomain>, len: usize) -> Result<RegisteredBuf> {
-        let len = Self::mapped_len(len);
+    pub fn new(pd: &Arc<ProtectionDomain>, len: usize, opts: MemoryOptions) -> Result<RegisteredBuf> {
+        let page = Self::page_bytes(opts);
+        let len = Self::mapped_len(len, page);
+        let huge = if opts.huge_pages { libc::MAP_HUGETLB } else { 0 };
         // SAFETY: anonymous private mapping; checked for MAP_FAILED below.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE | huge,
                 -1,
                 0,
             )
         };
         if ptr == libc::MAP_FAILED {
+            let os = std::io::Error::last_os_error();
+            if opts.huge_pages {
+                return Err(no_huge_pages(len, page, &os));
+            }
             return Err(Error::Environment(format!(
-                "cannot allocate {} for the buffer: {}",
-                memlock::human_bytes(len as u64),
-                std::io::Error::last_os_error()
+                "cannot allocate {} for the buffer: {os}",
+                memlock::human_bytes(len as u64)
             )));
         }
         let ptr = ptr.cast::<u8>();
-        let access =
+        let mut access =
             AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead | AccessFlags::RemoteAtomic;
+        if opts.relaxed_ordering {
+            access |= AccessFlags::RelaxedOrdering;
+        }
+        if opts.on_demand {
+            access |= AccessFlags::OnDemand;
+        }
         // SAFETY: `ptr` is valid for `len` bytes until `drop`, which deregisters first.
         match unsafe { pd.reg_mr(ptr as usize, len, access) } {
-            Ok(mr) => Ok(RegisteredBuf { mr: Some(mr), ptr, len }),
+            Ok(mr) => Ok(RegisteredBuf { mr: Some(mr), ptr, len, opts, page }),
             Err(e) => {
                 let os = std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_else(|| format!("{e:?}"));
                 // SAFETY: unmapping what we mapped above; nothing else refers to it.
                 unsafe { libc::munmap(ptr.cast(), len) };
+                if opts.on_demand {
+                    return Err(Error::Usage(format!(
+                        "--odp: the device refused an on-demand-paging registration ({os}): the device or its kernel \
+                         driver has no ODP support; drop --odp to register pinned memory"
+                    )));
+                }
                 Err(memlock::registration_error(len as u64, &os, memlock::memlock_limit(), memlock::has_ipc_lock()))
             }
         }
@@ -71,6 +140,11 @@ impl RegisteredBuf {
 
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// How this buffer was backed and registered, and its page size.
+    pub fn backing(&self) -> (MemoryOptions, usize) {
+        (self.opts, self.page)
     }
 
     pub fn is_empty(&self) -> bool {

@@ -133,5 +133,5 @@ pub fn probe_registration(device: &str, bytes: usize) -> Result<()> {
     let pd = ctx
         .alloc_pd()
         .map_err(|e| Error::Environment(format!("cannot allocate a protection domain on {device}: {e:?}")))?;
-    super::RegisteredBuf::new(&pd, bytes).map(drop)
+    super::RegisteredBuf::new(&pd, bytes, Default::default()).map(drop)
 }

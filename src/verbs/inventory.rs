@@ -74,6 +74,38 @@ pub fn numa_node(device: &str) -> Option<i32> {
 
 /// A port's state as sysfs shows it ("4: ACTIVE" reads as "ACTIVE"), without opening the
 /// device: for telling a link that went down from other failures.
+/// Whether the PCIe function behind `device` lets the device use relaxed ordering (the
+/// Device Control register's "Enable Relaxed Ordering" bit): what a relaxed-ordering
+/// registration can achieve. None when there is no PCIe function (soft-RoCE) or its
+/// config space is not readable past the first 64 bytes (that needs root).
+pub fn pcie_relaxed_ordering(sysfs_root: &Path, device: &str) -> Option<bool> {
+    let config = std::fs::read(sysfs_root.join("sys/class/infiniband").join(device).join("device/config")).ok()?;
+    relaxed_ordering_enabled(&config)
+}
+
+/// The PCI Express capability's Device Control bit 4, found by walking the capability
+/// list of a config space dump.
+pub fn relaxed_ordering_enabled(config: &[u8]) -> Option<bool> {
+    const STATUS_HAS_CAPS: u8 = 0x10;
+    const PCI_EXPRESS: u8 = 0x10;
+    if config.get(0x06)? & STATUS_HAS_CAPS == 0 {
+        return None;
+    }
+    let mut at = (*config.get(0x34)? & 0xfc) as usize;
+    // At most 48 capabilities fit in 256 bytes: a longer walk is a loop.
+    for _ in 0..48 {
+        if at < 0x40 {
+            return None;
+        }
+        if *config.get(at)? == PCI_EXPRESS {
+            let control = u16::from_le_bytes([*config.get(at + 8)?, *config.get(at + 9)?]);
+            return Some(control & 0x10 != 0);
+        }
+        at = (*config.get(at + 1)? & 0xfc) as usize;
+    }
+    None
+}
+
 pub fn port_state_now(device: &str, port: u8) -> Option<String> {
     let text = std::fs::read_to_string(format!("/sys/class/infiniband/{device}/ports/{port}/state")).ok()?;
     Some(text.split(':').next_back().unwrap_or(&text).trim().to_string())
@@ -258,6 +290,24 @@ mod tests {
         std::fs::write(dev.join("flags"), "0x1002\n").unwrap();
         assert!(!netdev_is_up(root.path(), "eth0"));
         assert!(!netdev_is_up(root.path(), "missing0"));
+    }
+
+    #[test]
+    fn relaxed_ordering_is_read_from_the_pci_express_capability() {
+        let mut config = vec![0u8; 256];
+        config[0x06] = 0x10; // a capability list
+        config[0x34] = 0x40;
+        (config[0x40], config[0x41]) = (0x01, 0x60); // power management, then
+        (config[0x60], config[0x61]) = (0x10, 0x00); // PCI Express, the last
+        config[0x68] = 0x10; // Device Control: relaxed ordering enabled
+        assert_eq!(relaxed_ordering_enabled(&config), Some(true));
+        config[0x68] = 0x0f;
+        assert_eq!(relaxed_ordering_enabled(&config), Some(false));
+        assert_eq!(relaxed_ordering_enabled(&config[..64]), None, "a non-root read stops at 64 bytes");
+        config[0x41] = 0x40; // a capability that points at itself
+        assert_eq!(relaxed_ordering_enabled(&config), None);
+        config[0x06] = 0;
+        assert_eq!(relaxed_ordering_enabled(&config), None);
     }
 
     #[test]
