@@ -1963,7 +1963,18 @@ fn lab_rails_rc_over_a_lossy_cable_delivers_every_byte_and_the_counters_show_the
         Duration::from_secs(120),
     );
     let ws = finish(server, Duration::from_secs(60));
+    // UD does not retransmit: the loss is counted, not hidden.
+    let (ud, uds) = rails_pair_in(
+        "send-bw",
+        &["-d", "rxea0", "-c", "UD", "-n", "3000", "-s", "1K", "--json", "-"],
+        &["-d", "rxeb0"],
+        None,
+    );
     tc(&["qdisc", "del", "dev", "a0", "root"]);
+    assert_eq!((ud.code, uds.code), (0, 0), "{}\n{}", ud.stderr, uds.stderr);
+    let delivered = valid_doc(&ud.stdout)["results"][0]["delivered"].as_u64().unwrap();
+    assert!((2700..3000).contains(&delivered), "1 % of 3000 lost: {delivered} delivered");
+    assert!(ud.stderr.contains(&format!("({delivered} delivered, {} lost)", 3000 - delivered)), "{}", ud.stderr);
     assert_eq!((c.code, s.code), (0, 0), "{}\n{}", c.stderr, s.stderr);
     let doc = valid_doc(&c.stdout);
     let r = &doc["results"][0];
