@@ -250,10 +250,18 @@ fn await_output(child: &mut Child, marker: &'static str, limit: Duration) -> std
 /// long the other side took to end after the signal. Waiting for the header, not a fixed
 /// time, keeps this right on a slow day, when setting up takes seconds.
 fn disrupt(test: &str, target_is_server: bool, signal: i32) -> (Out, Out, Duration) {
+    disrupt_with(test, &[], target_is_server, signal)
+}
+
+/// [`disrupt`] with more client flags.
+fn disrupt_with(test: &str, extra: &[&str], target_is_server: bool, signal: i32) -> (Out, Out, Duration) {
     let port = next_port();
     let addr = server_addr();
     let server = spawn(&[test, "-p", &port, "--timeout", "3"]);
-    let mut client = spawn(&[test, "-p", &port, "--timeout", "3", "-D", "60", "-s", "64", &addr]);
+    let mut args = vec![test, "-p", &port, "--timeout", "3", "-D", "60", "-s", "64"];
+    args.extend_from_slice(extra);
+    args.push(&addr);
+    let mut client = spawn(&args);
     let client_stdout = await_output(&mut client, "#bytes", Duration::from_secs(60));
     std::thread::sleep(Duration::from_millis(500));
     let pid = if target_is_server { server.id() } else { client.id() } as i32;
@@ -1326,7 +1334,8 @@ fn lab_ring_both_notify_modes_wrap_many_times_with_validated_data() {
         assert_eq!(r["bandwidth"]["bytes"], 100 * 20000);
         assert_eq!(r["data_validated"], true);
         assert!(r["bandwidth"]["msg_rate_mpps"].as_f64().unwrap() > 0.0);
-        assert!(s.stdout.contains(&format!("Ring records ({notify} notify, 4096 B ring")), "{}", s.stdout);
+        let wait = if notify == "poll" { "adaptive (the polling consumer spins)" } else { "adaptive" };
+        assert!(s.stdout.contains(&format!("Ring records ({notify} notify, {wait} wait, 4096 B ring")), "{}", s.stdout);
 
         let dir = tempfile::tempdir().unwrap();
         let f = json_file(&dir, "lat.json");
@@ -1348,6 +1357,48 @@ fn lab_ring_both_notify_modes_wrap_many_times_with_validated_data() {
     let (c, s) = pair("ring-bw", &["--validate-data", "-s", "256", "-n", "2000", "--inject-corruption", "777"], &[]);
     assert_eq!((c.code, s.code), (1, 1), "client: {}\nserver: {}", c.stderr, s.stderr);
     assert!(c.stderr.contains("record 777") && c.stderr.contains("checksum"), "{}", c.stderr);
+}
+
+/// Every wait mode of both notify modes moves every record intact through a small ring
+/// (the producer keeps meeting a full ring, so it waits for credit: asleep in sleep mode);
+/// ring-lat sleeps too; and a peer killed while the other side sleeps is seen within the
+/// deadline, on either side.
+#[test]
+fn lab_ring_wait_modes_deliver_every_record_and_a_sleeping_side_sees_a_killed_peer() {
+    for notify in ["imm", "poll"] {
+        for wait in ["spin", "sleep", "adaptive"] {
+            let args = ["--notify", notify, "--wait", wait, "--capacity", "8K", "-s", "1000", "-n", "3000"];
+            let (c, _) = ok_pair("ring-bw", &[&args[..], &["--validate-data", "--json", "-"]].concat());
+            let doc = valid_doc(&c.stdout);
+            assert_eq!(
+                (doc["spec"]["ring"]["wait"].as_str(), doc["results"][0]["iterations"].as_u64()),
+                (Some(wait), Some(3000))
+            );
+            assert_eq!(doc["results"][0]["data_validated"], true);
+        }
+    }
+    // The consumer's CPU: a spinning one burns its core while it waits for each 64 KiB
+    // record; a sleeping one does not.
+    let consumer_cpu = |wait: &str| {
+        let (c, _) = ok_pair("ring-bw", &["--wait", wait, "-n", "300", "--cpu-util", "--json", "-"]);
+        let r = valid_doc(&c.stdout)["results"][0].clone();
+        assert!(c.stderr.contains("CPU per message at 65536 B: this side "), "{}", c.stderr);
+        r["peer_cpu_util_pct"].as_f64().unwrap()
+    };
+    let (spin, sleep) = (consumer_cpu("spin"), consumer_cpu("sleep"));
+    eprintln!("consumer CPU while ring-bw 64 KiB runs: spin {spin:.1} %, sleep {sleep:.1} %");
+    assert!(sleep < 0.8 * spin, "sleeping saves CPU: spin {spin:.1} %, sleep {sleep:.1} %");
+    let (c, _) = ok_pair(
+        "ring-lat",
+        &["--notify", "imm", "--wait", "sleep", "-s", "64", "-n", "500", "--validate-data", "--json", "-"],
+    );
+    assert_eq!(valid_doc(&c.stdout)["results"][0]["latency"]["samples"], 500);
+    for server_dies in [true, false] {
+        let (_, other, waited) =
+            disrupt_with("ring-bw", &["--wait", "sleep", "--capacity", "8K"], server_dies, libc::SIGKILL);
+        assert_eq!(other.code, 4, "server dies: {server_dies}: {}", other.stderr);
+        assert!(waited < Duration::from_secs(3) + GRACE, "server dies: {server_dies}: took {waited:?} (timeout 3 s)");
+    }
 }
 
 /// The documented example program: records of random sizes (16 B to 3000 B) through a

@@ -219,6 +219,7 @@ pub fn aggregate(rails: &[&SizeResult], samples: &[Option<&LatencyRecorder>]) ->
         reverse_bandwidth: throughput(|r| r.reverse_bandwidth.as_ref()),
         data_validated: rails.iter().all(|r| r.data_validated),
         cpu_util_pct: first.cpu_util_pct,
+        peer_cpu_util_pct: first.peer_cpu_util_pct,
         delivered,
         counters: add_counters(rails.iter().map(|r| r.counters.as_ref())),
         peer_counters: add_counters(rails.iter().map(|r| r.peer_counters.as_ref())),

@@ -342,6 +342,9 @@ fn print_as_measured(spec: &TestSpec, opts: &RunOptions, conductor: &Conductor, 
             if opts.counters {
                 table::counter_line(&mut out, row).map_err(io_err)?;
             }
+            if opts.cpu_util {
+                table::cpu_line(&mut out, row).map_err(io_err)?;
+            }
         }
         out.flush().map_err(io_err)?;
     }
@@ -526,8 +529,10 @@ fn measure_size(
         chan.send(&Message::Done { size, iterations, per_qp })?;
     }
     let mut delivered = None;
+    let peer_cpu_util_pct;
     let (reverse_bandwidth, peer_counters) = match chan.recv("the server's verdict")? {
-        Message::Verdict { size: s, iterations: theirs, data_error, reverse, counters } if s == size => {
+        Message::Verdict { size: s, iterations: theirs, data_error, reverse, counters, cpu_pct } if s == size => {
+            peer_cpu_util_pct = cpu_pct.filter(|c| opts.cpu_util && c.is_finite() && *c >= 0.0);
             if let Some(c) = &counters {
                 proto::check_counters(c)?;
             }
@@ -560,6 +565,7 @@ fn measure_size(
         per_thread,
         data_validated: spec.validate_data,
         cpu_util_pct,
+        peer_cpu_util_pct,
         delivered,
         counters,
         peer_counters,
@@ -730,6 +736,7 @@ fn serve_rails(
     // The client's "this side" is the peer here.
     for r in run.results.iter_mut().chain(run.rails.iter_mut().flat_map(|rail| rail.results.iter_mut())) {
         std::mem::swap(&mut r.counters, &mut r.peer_counters);
+        std::mem::swap(&mut r.cpu_util_pct, &mut r.peer_cpu_util_pct);
     }
     print_run(&mut out, &run, opts, "server").map_err(io_err)?;
     if let Some(target) = &opts.json {
@@ -764,9 +771,14 @@ fn rail_line(out: &mut dyn Write, r: &RailResult) -> std::io::Result<()> {
 /// The whole table of a finished run, as the server prints it.
 fn print_run(out: &mut dyn Write, run: &RunResult, opts: &RunOptions, role: &str) -> std::io::Result<()> {
     let units = opts.units;
-    let counters = |out: &mut dyn Write, r: &SizeResult| match opts.counters {
-        true => table::counter_line(out, r),
-        false => Ok(()),
+    let counters = |out: &mut dyn Write, r: &SizeResult| {
+        if opts.counters {
+            table::counter_line(out, r)?;
+        }
+        match r.cpu_util_pct {
+            Some(_) => table::cpu_line(out, r),
+            None => Ok(()),
+        }
     };
     let spec = &run.spec;
     table::banner(out, spec, &run.environment, role)?;
@@ -884,6 +896,7 @@ impl RailServer<'_> {
                     }
                     let counters_before = links[0].counters();
                     chan.send(&Message::Ready { size })?;
+                    let cpu = CpuMeter::start();
                     let runs: Vec<SizeRun> = links
                         .iter()
                         .map(|link| SizeRun { link, spec, size, clock, timeout_ns: opts.timeout_ns(), cpus: my_cpus })
@@ -901,8 +914,8 @@ impl RailServer<'_> {
                         Kernel::Bandwidth => bandwidth::server(&runs, chan)?,
                     };
                     let counters = (!counters_before.0.is_empty()).then(|| links[0].counters().since(&counters_before));
-                    let data = data_error.clone();
-                    chan.send(&Message::Verdict { size, iterations, data_error: data, reverse, counters })?;
+                    let (data, cpu_pct) = (data_error.clone(), Some(cpu.percent()));
+                    chan.send(&Message::Verdict { size, iterations, data_error: data, reverse, counters, cpu_pct })?;
                     if let Some(e) = data_error {
                         return Err(Error::Check(format!("corrupted data from {}: {e}", chan.peer())));
                     }

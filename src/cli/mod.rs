@@ -354,6 +354,13 @@ pub struct TestArgs {
          each record's frame word, as write-lat polls the last byte) (default: {})",
         crate::spec::per_test_where(|s| s.ring.map(|r| r.notify.label()))))]
     pub notify: Option<Notify>,
+    #[arg(long, value_enum, help = format!(
+        "Ring tests: how the consumer waits for records and a blocked producer for credit: spin, sleep on a \
+         completion channel, or adaptive (spin {} us, then sleep); a polling consumer (--notify poll) always \
+         spins (default: {})",
+        crate::spec::ring::ADAPTIVE_SPIN_NS / 1000,
+        crate::spec::per_test_where(|s| s.ring.map(|r| r.wait.label()))))]
+    pub wait: Option<crate::spec::ring::Wait>,
     #[command(flatten)]
     pub fabric: FabricArgs,
 }
@@ -750,6 +757,7 @@ impl TestArgs {
             no_relaxed_ordering: self.no_relaxed_ordering,
             hugepages: self.hugepages,
             odp: self.odp,
+            wait: self.wait,
         }
     }
 
@@ -778,6 +786,7 @@ impl TestArgs {
 mod tests {
     use super::*;
     use crate::spec::RingParams;
+    use crate::spec::ring::Wait;
     use clap::Parser;
 
     fn parse(args: &[&str]) -> std::result::Result<Cli, clap::Error> {
@@ -793,9 +802,12 @@ mod tests {
     fn ring_tests_have_their_own_defaults_and_flags() {
         // 32 records of 64 KiB and their frame words: just over 2 MiB.
         let bw = test_args(&["ring-bw"]).spec(Operation::Ring, Measure::Bandwidth);
-        assert_eq!(bw.ring, Some(RingParams { capacity: 4 << 20, notify: Notify::Imm, batch: 16 }));
+        assert_eq!(
+            bw.ring,
+            Some(RingParams { capacity: 4 << 20, notify: Notify::Imm, batch: 16, wait: Wait::Adaptive })
+        );
         let lat = test_args(&["ring-lat"]).spec(Operation::Ring, Measure::Latency);
-        assert_eq!(lat.ring, Some(RingParams { capacity: 64 << 10, notify: Notify::Poll, batch: 1 }));
+        assert_eq!(lat.ring, Some(RingParams { capacity: 64 << 10, notify: Notify::Poll, batch: 1, wait: Wait::Spin }));
         bw.check().unwrap();
         lat.check().unwrap();
         // Small records: the floor. A sweep: sized for its largest (8 MiB) record, capped
@@ -812,7 +824,10 @@ mod tests {
         assert_eq!(huge.ring.unwrap().capacity, 256 << 20);
         let set = test_args(&["ring-bw", "--capacity", "4M", "--notify", "poll", "--batch", "4"])
             .spec(Operation::Ring, Measure::Bandwidth);
-        assert_eq!(set.ring, Some(RingParams { capacity: 4 << 20, notify: Notify::Poll, batch: 4 }));
+        assert_eq!(
+            set.ring,
+            Some(RingParams { capacity: 4 << 20, notify: Notify::Poll, batch: 4, wait: Wait::Adaptive })
+        );
         let server = test_args(&["ring-bw", "--capacity", "4M"]);
         assert_eq!(server.test_flags_given(), vec!["--capacity"], "a server ignores the client's ring flags");
     }

@@ -61,8 +61,9 @@ impl Layout {
     pub fn new(spec: &TestSpec) -> Layout {
         if let Some(ring) = spec.ring_layout() {
             // The ring lays out the whole buffer itself; receives only announce writes.
-            let rx_depth = match spec.ring.map(|r| r.notify) {
-                Some(Notify::Imm) => spec.rx_depth,
+            let rx_depth = match spec.ring.map(|r| (r.notify, r.wait)) {
+                Some((Notify::Imm, _)) => spec.rx_depth,
+                Some((Notify::Poll, ring::Wait::Sleep | ring::Wait::Adaptive)) => ring::WAKE_RECEIVES,
                 _ => 0,
             };
             return Layout {
@@ -124,6 +125,11 @@ pub fn memory_need(spec: &TestSpec) -> u64 {
     per_lane.saturating_mul(spec.lanes() as u64)
 }
 
+/// Whether the QPs need a completion channel: `-e`, or a ring whose waits may sleep.
+fn sleeps(spec: &TestSpec) -> bool {
+    spec.events || spec.ring.is_some_and(|r| r.wait != ring::Wait::Spin)
+}
+
 /// How the spec wants this side's buffers backed and registered.
 pub fn memory_options(spec: &TestSpec) -> MemoryOptions {
     MemoryOptions { relaxed_ordering: spec.relaxed_ordering, huge_pages: spec.hugepages, on_demand: spec.odp }
@@ -179,8 +185,12 @@ impl Prepared {
         check_against_device(spec, &rdma.limits(max_inline))?;
         let inline_size = spec.requested_inline().min(max_inline);
         let layout = Layout::new(spec);
-        let caps =
-            QpCaps { send_depth: spec.tx_depth, recv_depth: layout.rx_depth, inline: inline_size, events: spec.events };
+        let caps = QpCaps {
+            send_depth: spec.tx_depth,
+            recv_depth: layout.rx_depth,
+            inline: inline_size,
+            events: sleeps(spec),
+        };
         let rd_atomic = match spec.operation {
             Operation::Read | Operation::Atomic => spec.effective_outstanding_reads(rdma.max_qp_rd_atom),
             _ => 1,

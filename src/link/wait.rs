@@ -61,6 +61,40 @@ pub fn spin_until(
     }
 }
 
+/// Waits until `ready()`: spins for `spin_ns`, then sleeps on `qp`'s `kind` completion
+/// channel (a QP without one keeps spinning). The deadline, signals and the peer are
+/// watched throughout, as in [`spin_until`].
+pub fn spin_then_sleep(
+    clock: &Clock,
+    chan: &mut Channel,
+    timeout_ns: u64,
+    waiting_for: &str,
+    sleep_on: (&Qp, CqKind),
+    spin_ns: u64,
+    mut ready: impl FnMut() -> bool,
+) -> Result<Woke> {
+    let start = clock.now();
+    if spin_ns > 0 {
+        let mut spun_out = false;
+        let woke = spin_until(clock, chan, timeout_ns, waiting_for, None, || {
+            if ready() {
+                return true;
+            }
+            spun_out = clock.nanos(start, clock.now()) >= spin_ns;
+            spun_out
+        })?;
+        if !spun_out {
+            return Ok(woke);
+        }
+    }
+    let (qp, kind) = sleep_on;
+    if !qp.has_events() {
+        return spin_until(clock, chan, timeout_ns, waiting_for, None, ready);
+    }
+    let spent = clock.nanos(start, clock.now());
+    sleep_until(qp, kind, clock, chan, timeout_ns.saturating_sub(spent), waiting_for, ready)
+}
+
 /// The event-driven wait: arm, look once more (a completion that raced the arming is not
 /// announced), then sleep on the channel in short slices that keep the peer checks.
 fn sleep_until(

@@ -138,6 +138,9 @@ pub struct SizeResult {
     /// With --cpu-util: CPU time this process used during the measurement, % of one core.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_util_pct: Option<f64>,
+    /// With --cpu-util: the peer's CPU time during the measurement, % of one core.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_cpu_util_pct: Option<f64>,
     /// On UC and UD, how many messages the receiver got (lost ones are not retransmitted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivered: Option<u64>,
@@ -189,6 +192,14 @@ pub struct RunResult {
     /// With several rails: "concurrent" (all at once) or "sequential" (one after another).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rail_mode: Option<RailMode>,
+}
+
+impl SizeResult {
+    /// CPU time per message (record, for ring tests) of a side that used `pct` % of a
+    /// core over the size's run, ns.
+    pub fn cpu_ns_per_message(&self, pct: f64) -> Option<f64> {
+        (self.iterations > 0).then(|| pct / 100.0 * self.duration_ns as f64 / self.iterations as f64)
+    }
 }
 
 impl RunResult {

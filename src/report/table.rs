@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use super::{Environment, IntervalResult, SizeResult};
-use crate::spec::{Measure, Operation, TestSpec};
+use crate::spec::{Measure, Notify, Operation, TestSpec, Wait};
 use crate::stats::ThroughputSummary;
 use crate::stats::throughput::{BYTES_PER_GBIT, BYTES_PER_MB};
 
@@ -28,7 +28,17 @@ pub fn banner(out: &mut dyn Write, spec: &TestSpec, env: &Environment, role: &st
         Operation::Atomic => format!("Atomic {}", spec.atomic_op.label()),
         Operation::Ring => {
             let r = spec.ring.expect("a ring test has ring parameters");
-            format!("Ring records ({} notify, {} B ring, batch {})", r.notify.label(), r.capacity, r.batch)
+            format!(
+                "Ring records ({} notify, {} wait, {} B ring, batch {})",
+                r.notify.label(),
+                if r.notify == Notify::Poll && r.wait != Wait::Spin {
+                    format!("{} (the polling consumer spins)", r.wait.label())
+                } else {
+                    r.wait.label().to_string()
+                },
+                r.capacity,
+                r.batch
+            )
         }
     };
     let kind = match spec.measure {
@@ -225,6 +235,15 @@ pub fn row(out: &mut dyn Write, r: &SizeResult, units: Units) -> std::io::Result
         );
     }
     Ok(())
+}
+
+/// With `--cpu-util`: both sides' CPU time per message (per record, for ring tests).
+pub fn cpu_line(out: &mut dyn Write, r: &SizeResult) -> std::io::Result<()> {
+    let side = |pct: Option<f64>| {
+        pct.and_then(|p| r.cpu_ns_per_message(p)).map_or("?".to_string(), |ns| format!("{:.2} us", ns / 1000.0))
+    };
+    let peer = r.peer_cpu_util_pct.map_or(String::new(), |p| format!(", peer {} ({p:.1} %)", side(Some(p))));
+    writeln!(out, "   CPU per message at {} B: this side {}{peer}", r.size, side(r.cpu_util_pct))
 }
 
 /// With `--counters`: the port counters that moved during a size, under its row (this

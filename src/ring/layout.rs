@@ -3,7 +3,7 @@
 //! the layout from the config alone.
 
 use super::core;
-pub use crate::spec::ring::{Notify, RingLayout, RingParams};
+pub use crate::spec::ring::{Notify, RingLayout, RingParams, Wait};
 use crate::spec::{Measure, Operation, TestSpec};
 
 /// A ring's configuration, for the library.
@@ -12,6 +12,8 @@ pub struct RingConfig {
     pub capacity: u64,
     pub notify: Notify,
     pub batch: u32,
+    /// How the consumer waits for records and a blocked producer for credit.
+    pub wait: Wait,
     /// Send queue depth of each side.
     pub tx_depth: u32,
     /// Receives the consumer keeps posted (`Imm`): writes in flight at most.
@@ -20,13 +22,20 @@ pub struct RingConfig {
 
 impl Default for RingConfig {
     fn default() -> Self {
-        RingConfig { capacity: 1 << 20, notify: Notify::Imm, batch: 16, tx_depth: 128, rx_depth: 256 }
+        RingConfig {
+            capacity: 1 << 20,
+            notify: Notify::Imm,
+            batch: 16,
+            wait: Wait::Adaptive,
+            tx_depth: 128,
+            rx_depth: 256,
+        }
     }
 }
 
 impl RingConfig {
     pub fn params(&self) -> RingParams {
-        RingParams { capacity: self.capacity, notify: self.notify, batch: self.batch }
+        RingParams { capacity: self.capacity, notify: self.notify, batch: self.batch, wait: self.wait }
     }
 
     /// The spec a ring session runs under (the session and the connection come from the
@@ -47,6 +56,7 @@ impl RingConfig {
             capacity: p.capacity,
             notify: p.notify,
             batch: p.batch,
+            wait: p.wait,
             tx_depth: spec.tx_depth,
             rx_depth: spec.rx_depth,
         })

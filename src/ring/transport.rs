@@ -11,14 +11,14 @@ use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use super::core::{Arrival, ConsumerCore, NoRoom, ProducerCore, RecordRef, Reserved, RingMem};
-use super::layout::{Notify, RingConfig, RingLayout};
+use super::layout::{Notify, RingConfig, RingLayout, Wait};
 use crate::error::{Error, Result};
 use crate::link::Link;
-use crate::link::wait::{SendWindow, Woke, spin_until};
+use crate::link::wait::{SendWindow, Woke, spin_then_sleep, spin_until};
 use crate::session::Channel;
-use crate::spec::ring::receive_scratch;
+use crate::spec::ring::{WAKE_RECEIVES, receive_scratch};
 use crate::stats::Clock;
-use crate::verbs::cq::{Completion, check_completion, completions, imm_of};
+use crate::verbs::cq::{Completion, CqKind, check_completion, completions, imm_of};
 use crate::verbs::{RecvRequest, SendRequest};
 
 fn nanos(d: Duration) -> u64 {
@@ -51,20 +51,21 @@ fn check_link(link: &Link, layout: &RingLayout) -> Result<()> {
 }
 
 /// Posts an 8-byte write of `value` to `remote` (an offset in the peer's buffer) from
-/// small-write slot `n`, inline where the device allows.
+/// small-write slot `n`, inline where the device allows; with `imm`, as a write with
+/// immediate, which wakes a peer sleeping on its receive completions.
 /// `force` asks for a completion regardless of the window's rhythm.
 fn post_small(
     link: &Link,
     window: &mut SendWindow,
     small: &mut SmallWrite,
-    remote: u64,
-    value: u64,
+    (remote, value): (u64, u64),
+    imm: Option<u32>,
     force: bool,
 ) -> Result<()> {
     small.count += 1;
     let slot = small.layout.slot(small.count);
     buffer_mem(link).store_u64(slot, value);
-    let mut req = SendRequest::write(&link.buf, slot as usize, 8, link.remote.addr + remote, link.remote.rkey, None);
+    let mut req = SendRequest::write(&link.buf, slot as usize, 8, link.remote.addr + remote, link.remote.rkey, imm);
     let (signaled, wr_id) = window.on_post(force);
     req.set_flags(signaled, link.inline_size >= 8);
     req.set_wr_id(wr_id);
@@ -121,13 +122,53 @@ pub struct Sender<L: Borrow<Link>> {
     /// and the receives it has reposted (modulo 2^32).
     credit_seen: (u32, u32),
     requests: u32,
+    /// The request word last written (the counter, with `WAKE` when this side may sleep).
+    request_word: u32,
     /// What the credit word said when the last request went out: ask again only after it
     /// changed (each request is answered by one publication).
     asked_at: Option<(u64, u32)>,
     small: SmallWrite,
     records: u64,
+    wait: Wait,
+    /// The receives a sleeping producer is woken through (absent when it spins).
+    wakes: Option<Wakes>,
     clock: Clock,
     timeout_ns: u64,
+}
+
+/// The request word's flag for "answer with a write with immediate: I may be asleep".
+const WAKE: u32 = 1 << 31;
+
+/// Receives posted at a producer that may sleep, for the consumer's wake-up writes.
+/// With `Imm` the connection posted `rx_depth` of them already (the link posts them on
+/// both sides); with `Poll` this posts its own.
+pub(crate) struct Wakes {
+    repost: Vec<RecvRequest>,
+    wcs: [Completion; 16],
+}
+
+impl Wakes {
+    fn new(link: &Link, layout: &RingLayout, post: bool) -> Result<Wakes> {
+        let (at, len) = receive_scratch(layout);
+        let mut repost: Vec<RecvRequest> =
+            (0..WAKE_RECEIVES).map(|i| RecvRequest::new(&link.buf, at, len, u64::from(i))).collect();
+        if post {
+            link.qp.post_recv_batch(&mut repost)?;
+        }
+        Ok(Wakes { repost, wcs: completions() })
+    }
+
+    /// Takes the wake-ups that arrived and posts their receives again.
+    fn take(&mut self, link: &Link, peer: &str) -> Result<()> {
+        let n = link.qp.poll_recv(&mut self.wcs)?;
+        for wc in &self.wcs[..n] {
+            check_completion(wc, peer)?;
+        }
+        if n > 0 {
+            link.qp.post_recv_batch(&mut self.repost[..n])?;
+        }
+        Ok(())
+    }
 }
 
 /// Space for one record in the staging ring: write the record into it, then `commit`.
@@ -150,6 +191,10 @@ impl<L: Borrow<Link>> Sender<L> {
         let write_req = SendRequest::write(&l.buf, layout.tx as usize, 0, 0, l.remote.rkey, None);
         let imm_req = SendRequest::write(&l.buf, layout.tx as usize, 0, 0, l.remote.rkey, Some(0));
         let (staging_addr, remote_rx) = (l.buf.addr() + layout.tx, l.remote.addr + layout.rx);
+        let wakes = match config.wait {
+            Wait::Spin => None,
+            _ => Some(Wakes::new(l, &layout, config.notify == Notify::Poll)?),
+        };
         Ok(Sender {
             link,
             core: ProducerCore::new(config.capacity),
@@ -168,9 +213,12 @@ impl<L: Borrow<Link>> Sender<L> {
             imm_sent: 0,
             credit_seen: (0, 0),
             requests: 0,
+            request_word: 0,
             asked_at: None,
             small: SmallWrite { layout, count: 0 },
             records: 0,
+            wait: config.wait,
+            wakes,
             clock: Clock::new(),
             timeout_ns: nanos(timeout),
         })
@@ -257,11 +305,27 @@ impl<L: Borrow<Link>> Sender<L> {
             return Ok(());
         }
         self.asked_at = Some(now);
-        self.requests = self.requests.wrapping_add(1);
+        self.requests = self.requests.wrapping_add(1) & !WAKE;
         let link: &Link = self.link.borrow();
         self.window.wait_for_room(link, &self.clock, chan, self.timeout_ns)?;
-        let value = u64::from(self.requests);
-        post_small(link, &mut self.window, &mut self.small, self.layout.request_in, value, false)
+        // A producer that may sleep asks to be woken: the consumer then answers with a
+        // write with immediate. With `Imm`, the request itself carries one too (the end
+        // of what was sent, news to nobody), so that a consumer asleep on its receives
+        // wakes to answer; without a receive to spare the consumer has arrivals to wake
+        // it anyway.
+        let (word, imm) = match self.wait.spin_ns() {
+            None => (self.requests, None),
+            Some(_) => {
+                let spare = self.imm_sent.wrapping_sub(self.credit_seen.1) < self.rx_depth;
+                let imm = (self.notify == Notify::Imm && spare).then_some(self.core.sent() as u32);
+                (self.requests | WAKE, imm)
+            }
+        };
+        if imm.is_some() {
+            self.imm_sent = self.imm_sent.wrapping_add(1);
+        }
+        self.request_word = word;
+        post_small(link, &mut self.window, &mut self.small, (self.layout.request_in, u64::from(word)), imm, false)
     }
 
     /// Waits until the credit word differs from what `read_credit` last took (not from
@@ -277,7 +341,15 @@ impl<L: Borrow<Link>> Sender<L> {
         let peer = chan.peer().to_string();
         let (mut err, mut timed_out) = (None, false);
         let deadline = if wait.is_some() { u64::MAX } else { self.timeout_ns };
-        let woke = spin_until(&clock, chan, deadline, "credit from the consumer", None, || {
+        let wakes = &mut self.wakes;
+        let ready = || {
+            // A wake-up's completion is taken whatever woke us, so receives never run out.
+            if let Some(w) = wakes.as_mut()
+                && let Err(e) = w.take(link, &peer)
+            {
+                err = Some(e);
+                return true;
+            }
             if (credit_in.load_u32(0), credit_in.load_u32(4)) != before {
                 return true;
             }
@@ -288,7 +360,12 @@ impl<L: Borrow<Link>> Sender<L> {
             }
             timed_out = wait.is_some_and(|w| clock.nanos(start, clock.now()) >= w);
             timed_out
-        })?;
+        };
+        let waiting_for = "credit from the consumer";
+        let woke = match self.wait.spin_ns() {
+            None => spin_until(&clock, chan, deadline, waiting_for, None, ready)?,
+            Some(spin) => spin_then_sleep(&clock, chan, deadline, waiting_for, (&link.qp, CqKind::Recv), spin, ready)?,
+        };
         if let Some(e) = err {
             return Err(e);
         }
@@ -368,11 +445,11 @@ impl<L: Borrow<Link>> Sender<L> {
     /// peer is told the stream ended, so nothing of this stream lands later).
     pub fn settle(&mut self, chan: &mut Channel) -> Result<()> {
         let link: &Link = self.link.borrow();
-        let (request_in, value) = (self.layout.request_in, u64::from(self.requests));
+        let (request_in, value) = (self.layout.request_in, u64::from(self.request_word));
         let small = &mut self.small;
         settle(link, &mut self.window, &self.clock, chan, self.timeout_ns, |w| {
-            // The request counter as it stands: a request the consumer has seen already.
-            post_small(link, w, small, request_in, value, true)
+            // The request word as it stands: a request the consumer has seen already.
+            post_small(link, w, small, (request_in, value), None, true)
         })
     }
 }
@@ -420,6 +497,7 @@ pub struct Receiver<L: Borrow<Link>> {
     request_in: RingMem,
     layout: RingLayout,
     notify: Notify,
+    wait: Wait,
     clock: Clock,
     timeout_ns: u64,
     /// The producer, as named in errors.
@@ -484,6 +562,7 @@ impl<L: Borrow<Link>> Receiver<L> {
             state: RefCell::new(state),
             layout,
             notify: config.notify,
+            wait: config.wait,
             clock: Clock::new(),
             timeout_ns: nanos(timeout),
             peer: peer.to_string(),
@@ -516,14 +595,23 @@ impl<L: Borrow<Link>> Receiver<L> {
         let wait_ns = wait.map(nanos);
         let (mut found, mut err) = (None, None);
         let deadline = if wait.is_some() { u64::MAX } else { self.timeout_ns };
-        let woke = spin_until(&clock, chan, deadline, "the next record", None, || {
+        let ready = || {
             match self.poll_once() {
                 Ok(Some(r)) => found = Some(r),
                 Ok(None) => return wait_ns.is_some_and(|w| clock.nanos(start, clock.now()) >= w),
                 Err(e) => err = Some(e),
             }
             true
-        })?;
+        };
+        let link: &Link = self.link.borrow();
+        let waiting_for = "the next record";
+        // Only a write with immediate wakes a sleeper: a polling consumer spins.
+        let woke = match (self.notify, self.wait.spin_ns()) {
+            (Notify::Imm, Some(spin)) => {
+                spin_then_sleep(&clock, chan, deadline, waiting_for, (&link.qp, CqKind::Recv), spin, ready)?
+            }
+            _ => spin_until(&clock, chan, deadline, waiting_for, None, ready)?,
+        };
         if let Some(e) = err {
             return Err(e);
         }
@@ -612,7 +700,9 @@ impl<L: Borrow<Link>> Receiver<L> {
         let word = u64::from(st.core.publish(&self.ring)) | (u64::from(st.reposted) << 32);
         st.published_recvs = st.reposted;
         st.published = word;
-        post_small(link, &mut st.window, &mut st.small, self.layout.credit_in, word, false)?;
+        // A producer that may be asleep asked to be woken: the answer carries an immediate.
+        let imm = (asked && request & WAKE != 0).then_some(0);
+        post_small(link, &mut st.window, &mut st.small, (self.layout.credit_in, word), imm, false)?;
         st.window.reap(link, &self.peer).map(|_| ())
     }
 
@@ -626,7 +716,7 @@ impl<L: Borrow<Link>> Receiver<L> {
         let small = &mut st.small;
         settle(link, &mut st.window, &self.clock, chan, self.timeout_ns, |w| {
             // The word last published: the producer has it (or is about to) already.
-            post_small(link, w, small, credit_in, word, true)
+            post_small(link, w, small, (credit_in, word), None, true)
         })
     }
 

@@ -99,6 +99,9 @@ pub enum Message {
         /// The server's port counters that moved during the size (non-zero deltas).
         #[serde(default)]
         counters: Option<BTreeMap<String, u64>>,
+        /// The server's CPU time during the size, % of one core.
+        #[serde(default)]
+        cpu_pct: Option<f64>,
     },
     Report(Box<RunResult>),
     Bye,

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 pub use fabric::{Fabric, FabricOptions};
 pub use options::{Field, Names, Options, Refusal};
-pub use ring::{Notify, RingParams};
+pub use ring::{Notify, RingParams, Wait};
 
 /// What a test runs over: the QP transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -316,11 +316,14 @@ impl TestSpec {
                 capacity: RingParams::default_capacity(8, 64 << 10, max_size),
                 notify: Notify::Poll,
                 batch: 1,
+                // A ping-pong's waits are each one round trip: a wake-up would double it.
+                wait: Wait::Spin,
             },
             Measure::Bandwidth => RingParams {
                 capacity: RingParams::default_capacity(32, 1 << 20, max_size),
                 notify: Notify::Imm,
                 batch: 16,
+                wait: Wait::Adaptive,
             },
         })
     }

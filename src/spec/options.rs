@@ -4,6 +4,7 @@
 //! and `tx_depth` in a workload without either side parsing messages.
 
 use super::fabric::FabricOptions;
+use super::ring::Wait;
 use super::{AtomicOp, Measure, Notify, Operation, RingParams, TestSpec, Transport};
 
 /// One option of a test, with its flag and its workload key.
@@ -45,11 +46,12 @@ pub enum Field {
     NoRelaxedOrdering,
     Hugepages,
     Odp,
+    Wait,
 }
 
 impl Field {
     /// (field, flag, workload key)
-    const NAMES: [(Field, &'static str, &'static str); 36] = [
+    const NAMES: [(Field, &'static str, &'static str); 37] = [
         (Field::Transport, "-c", "transport"),
         (Field::WithImm, "--with-imm", "with_imm"),
         (Field::AtomicOp, "-A", "atomic_op"),
@@ -86,6 +88,7 @@ impl Field {
         (Field::NoRelaxedOrdering, "--no-relaxed-ordering", "relaxed_ordering"),
         (Field::Hugepages, "--hugepages", "hugepages"),
         (Field::Odp, "--odp", "odp"),
+        (Field::Wait, "--wait", "wait"),
     ];
 
     fn names(self) -> (&'static str, &'static str) {
@@ -149,6 +152,7 @@ pub struct Options {
     pub no_relaxed_ordering: bool,
     pub hugepages: bool,
     pub odp: bool,
+    pub wait: Option<Wait>,
 }
 
 impl Options {
@@ -188,7 +192,8 @@ impl Options {
             odp: self.odp,
             ..d
         };
-        let ring_given = self.capacity.is_some() || self.batch.is_some() || self.notify.is_some();
+        let ring_given =
+            self.capacity.is_some() || self.batch.is_some() || self.notify.is_some() || self.wait.is_some();
         let defaults = TestSpec::default_ring(operation, measure, spec.max_size()).or_else(|| {
             ring_given.then(|| TestSpec::default_ring(Operation::Ring, measure, spec.max_size())).flatten()
         });
@@ -196,6 +201,7 @@ impl Options {
             capacity: self.capacity.unwrap_or(d.capacity),
             notify: self.notify.unwrap_or(d.notify),
             batch: self.batch.unwrap_or(d.batch),
+            wait: self.wait.unwrap_or(d.wait),
         });
         spec
     }
@@ -232,6 +238,7 @@ impl Options {
             (Field::NoRelaxedOrdering, self.no_relaxed_ordering),
             (Field::Hugepages, self.hugepages),
             (Field::Odp, self.odp),
+            (Field::Wait, self.wait.is_some()),
         ];
         let mut fields: Vec<Field> = given.into_iter().filter(|(_, g)| *g).map(|(f, _)| f).collect();
         fields.extend(self.fabric.given());

@@ -64,6 +64,49 @@ impl Notify {
     }
 }
 
+/// How a ring's ends wait: for the next record (the consumer) or for credit (a blocked
+/// producer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Wait {
+    /// Spin on memory or the completion queue for as long as the wait lasts (a core each).
+    #[default]
+    Spin,
+    /// Sleep on a completion channel at once: the least CPU, a wake-up per wait.
+    Sleep,
+    /// Spin for a short while (`ADAPTIVE_SPIN_NS`), then sleep: short waits cost no
+    /// wake-up, long ones no core.
+    Adaptive,
+}
+
+impl Wait {
+    pub fn label(self) -> &'static str {
+        match self {
+            Wait::Spin => "spin",
+            Wait::Sleep => "sleep",
+            Wait::Adaptive => "adaptive",
+        }
+    }
+
+    /// How long a wait spins before it sleeps; None: it never sleeps.
+    pub fn spin_ns(self) -> Option<u64> {
+        match self {
+            Wait::Spin => None,
+            Wait::Sleep => Some(0),
+            Wait::Adaptive => Some(ADAPTIVE_SPIN_NS),
+        }
+    }
+}
+
+/// Receives a polling ring's producer keeps for wake-ups when it may sleep: each of its
+/// requests is answered by one write with immediate, and it asks again only after the
+/// answer's credit came.
+pub const WAKE_RECEIVES: u32 = 16;
+
+/// An adaptive wait's spin before it sleeps: a round trip's worth on hardware (a few us)
+/// times a margin; under the lab's emulation a wake-up costs tens of us.
+pub const ADAPTIVE_SPIN_NS: u64 = 20_000;
+
 /// The ring parameters both sides must agree on; part of the test spec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RingParams {
@@ -72,6 +115,9 @@ pub struct RingParams {
     pub notify: Notify,
     /// Committed records coalesced into one RDMA WRITE at most (1: every commit is sent).
     pub batch: u32,
+    /// How both ends wait (a spec without it spun, as before waits could sleep).
+    #[serde(default)]
+    pub wait: Wait,
 }
 
 /// The largest ring a test picks by itself (records that need more get the smallest that

@@ -116,6 +116,7 @@ struct RawStep {
     relaxed_ordering: Option<bool>,
     hugepages: Option<bool>,
     odp: Option<bool>,
+    wait: Option<crate::spec::ring::Wait>,
     repeat: Option<u32>,
     thresholds: Option<BTreeMap<String, Limit>>,
     max_counters: Option<BTreeMap<String, f64>>,
@@ -292,6 +293,7 @@ fn step(src: &Source, span: &Range<usize>, s: &RawStep, params: &BTreeMap<String
         no_relaxed_ordering: !s.relaxed_ordering.unwrap_or(true),
         hugepages: s.hugepages.unwrap_or(false),
         odp: s.odp.unwrap_or(false),
+        wait: s.wait,
         fabric: FabricOptions {
             traffic_class: s.tclass,
             service_level: s.sl,
