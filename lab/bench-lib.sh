@@ -19,11 +19,14 @@ run_ours() { # name test args metric scale [tool label] [more JSON fields of the
     > "$tmp/oc.json" 2> "$tmp/oc.err" || true
   wait "$srv" || true
   local v
+  # The value, and with --cpu-util in the args each side's CPU time per message (us).
   v=$(python3 -c "
 import json
 r = json.load(open('$tmp/oc.json'))['results'][0]
 a, b = '$metric'.split('.')
-print(r[a][b] * $scale)" 2>/dev/null) || { echo "rdmabench $test failed: $(tail -2 "$tmp/oc.err")"; return; }
+cpu = lambda pct: pct / 100 * r['duration_ns'] / r['iterations'] / 1000
+extra = ''.join(f',\"{k}\":{cpu(r[f])}' for k, f in (('cpu_us', 'cpu_util_pct'), ('peer_cpu_us', 'peer_cpu_util_pct')) if f in r)
+print(f'{r[a][b] * $scale}{extra}')" 2>/dev/null) || { echo "rdmabench $test failed: $(tail -2 "$tmp/oc.err")"; return; }
   echo "BENCH {\"case\":\"$name\",\"tool\":\"$label\",\"value\":$v$more}"
 }
 

@@ -36,6 +36,10 @@ for name in dict.fromkeys(r["case"] for r in runs):
     worse = lo > goal if lat else hi < goal
     verdict = "met" if met else ("NOT met" if worse else "within noise")
     spread = {t: {"min": min(v), "max": max(v)} for t, v in vals.items()}
+    # CPU per message (us), each side's median, where the runs measured it (--cpu-util).
+    cpu = {t: {k: statistics.median(xs) for k in ("cpu_us", "peer_cpu_us")
+               if (xs := [r[k] for r in runs if r["case"] == name and r["tool"] == t and k in r])}
+           for t in (tool_a, tool_b)}
     cases.append({
         "case": name,
         "spread": spread,
@@ -44,6 +48,7 @@ for name in dict.fromkeys(r["case"] for r in runs):
         "rounds": rounds, "runs": vals, "median": med, "ratio": round(ratio, 4),
         "paired_ratio": round(paired, 4), "paired_ratio_ci95": [round(lo, 4), round(hi, 4)],
         "target": target, "met": met, "verdict": verdict,
+        **({"cpu_us_per_message": cpu} if any(cpu.values()) else {}),
     })
 if tool_b == "perftest":
     what = "rdmabench vs perftest (each test against its twin)"
@@ -69,6 +74,13 @@ for c in cases:
                  f"{c['median'][tool_b]:.2f} ({p['min']:.2f}..{p['max']:.2f}) | "
                  f"{c['ratio']:.3f} | {c['paired_ratio']:.3f} ({c['paired_ratio_ci95'][0]:.3f}..{c['paired_ratio_ci95'][1]:.3f}) | "
                  f"{c['target']} {c['verdict']} |")
+cpu_cases = [c for c in cases if "cpu_us_per_message" in c]
+if cpu_cases:
+    lines += ["", f"CPU time per record/message, median, us (client / server): {tool_a} against {tool_b}", "",
+              f"| case | {tool_a} | {tool_b} |", "|---|---|---|"]
+    for c in cpu_cases:
+        show = lambda t: " / ".join(f"{c['cpu_us_per_message'][t].get(k, float('nan')):.2f}" for k in ("cpu_us", "peer_cpu_us"))
+        lines.append(f"| {c['case']} | {show(tool_a)} | {show(tool_b)} |")
 open(f"{stem}.md", "w").write(
     f"# {what} on soft-RoCE (lab guest, {rounds} alternating rounds)\n\n"
     "Latency: lower is better; bandwidth and message rate: higher is better. Each case's target is a ratio.\n"
