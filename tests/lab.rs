@@ -1173,7 +1173,11 @@ fn lab_run_smoke_workload_end_to_end() {
     .unwrap();
     let (c, s) = run_workload(&ring, &["--json", &json]);
     assert_eq!((c.code, s.code), (0, 0), "{}\n{}\n{}", c.stdout, c.stderr, s.stderr);
-    assert!(c.stdout.contains("Ring records (poll notify, 65536 B ring, batch 16)"), "{}", c.stdout);
+    assert!(
+        c.stdout.contains("Ring records (poll notify, consumer spins, producer adaptive, 65536 B ring, batch 16)"),
+        "{}",
+        c.stdout
+    );
     assert!(c.stdout.ends_with("=== workload ring: PASS ===\n"), "the verdict closes the output: {}", c.stdout);
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(doc["steps"][0]["spec"]["ring"]["capacity"], 65536);
@@ -1334,8 +1338,8 @@ fn lab_ring_both_notify_modes_wrap_many_times_with_validated_data() {
         assert_eq!(r["bandwidth"]["bytes"], 100 * 20000);
         assert_eq!(r["data_validated"], true);
         assert!(r["bandwidth"]["msg_rate_mpps"].as_f64().unwrap() > 0.0);
-        let wait = if notify == "poll" { "adaptive (the polling consumer spins)" } else { "adaptive" };
-        assert!(s.stdout.contains(&format!("Ring records ({notify} notify, {wait} wait, 4096 B ring")), "{}", s.stdout);
+        let wait = if notify == "poll" { "consumer spins, producer adaptive" } else { "adaptive wait" };
+        assert!(s.stdout.contains(&format!("Ring records ({notify} notify, {wait}, 4096 B ring")), "{}", s.stdout);
 
         let dir = tempfile::tempdir().unwrap();
         let f = json_file(&dir, "lat.json");

@@ -29,12 +29,12 @@ pub fn banner(out: &mut dyn Write, spec: &TestSpec, env: &Environment, role: &st
         Operation::Ring => {
             let r = spec.ring.expect("a ring test has ring parameters");
             format!(
-                "Ring records ({} notify, {} wait, {} B ring, batch {})",
+                "Ring records ({} notify, {}, {} B ring, batch {})",
                 r.notify.label(),
                 if r.notify == Notify::Poll && r.wait != Wait::Spin {
-                    format!("{} (the polling consumer spins)", r.wait.label())
+                    format!("consumer spins, producer {}", r.wait.label())
                 } else {
-                    r.wait.label().to_string()
+                    format!("{} wait", r.wait.label())
                 },
                 r.capacity,
                 r.batch
