@@ -696,12 +696,14 @@ impl<L: Borrow<Link>> Receiver<L> {
                 )));
             }
         }
+        // A producer that may be asleep asked to be woken: whatever publication answers that
+        // request first (asked, or due on its own) carries an immediate, once: each wake-up
+        // takes one of its receives. (A missed one would cost a 20 ms sleep slice.)
+        let imm = (request & WAKE != 0 && request != st.answered).then_some(0);
         st.answered = request;
         let word = u64::from(st.core.publish(&self.ring)) | (u64::from(st.reposted) << 32);
         st.published_recvs = st.reposted;
         st.published = word;
-        // A producer that may be asleep asked to be woken: the answer carries an immediate.
-        let imm = (asked && request & WAKE != 0).then_some(0);
         post_small(link, &mut st.window, &mut st.small, (self.layout.credit_in, word), imm, false)?;
         st.window.reap(link, &self.peer).map(|_| ())
     }
