@@ -329,9 +329,7 @@ fn print_as_measured(spec: &TestSpec, opts: &RunOptions, conductor: &Conductor, 
             for (i, r) in s.rails.iter().enumerate() {
                 if let Some(row) = r.results.get(k) {
                     table::rail_row(&mut out, &i.to_string(), row, opts.units).map_err(io_err)?;
-                    if opts.counters {
-                        table::counter_line(&mut out, row).map_err(io_err)?;
-                    }
+                    table::row_notes(&mut out, row, opts.counters, false).map_err(io_err)?;
                 }
             }
             if let Some(total) = total_of(&s, k) {
@@ -339,12 +337,7 @@ fn print_as_measured(spec: &TestSpec, opts: &RunOptions, conductor: &Conductor, 
             }
         } else if let Some(row) = s.rails[0].results.get(k) {
             table::row(&mut out, row, opts.units).map_err(io_err)?;
-            if opts.counters {
-                table::counter_line(&mut out, row).map_err(io_err)?;
-            }
-            if opts.cpu_util {
-                table::cpu_line(&mut out, row).map_err(io_err)?;
-            }
+            table::row_notes(&mut out, row, opts.counters, opts.cpu_util).map_err(io_err)?;
         }
         out.flush().map_err(io_err)?;
     }
@@ -461,8 +454,8 @@ fn measure_size(
     for r in runs {
         latency::prepare(r.link, spec, size);
     }
-    // Every QP of a rail is on one port: one reading covers them.
-    let counters_before = run.link.counters();
+    // Every QP of a rail is on one port: one reading covers them. A warm-up's are not kept.
+    let counters_before = (!warmup).then(|| run.link.counters());
     chan.send(&Message::Start { size, warmup })?;
     // The server answers at once (it only resets its buffers): no heartbeat extends this.
     match chan.recv_handshake("the server to get ready")? {
@@ -524,7 +517,7 @@ fn measure_size(
         }
     };
     let cpu_util_pct = opts.cpu_util.then(|| cpu.percent());
-    let counters = (!counters_before.0.is_empty()).then(|| run.link.counters().since(&counters_before));
+    let counters = counters_before.and_then(|before| run.link.counters_since(&before));
     if !(spec.bidirectional && spec.measure == Measure::Bandwidth) {
         chan.send(&Message::Done { size, iterations, per_qp })?;
     }
@@ -771,15 +764,7 @@ fn rail_line(out: &mut dyn Write, r: &RailResult) -> std::io::Result<()> {
 /// The whole table of a finished run, as the server prints it.
 fn print_run(out: &mut dyn Write, run: &RunResult, opts: &RunOptions, role: &str) -> std::io::Result<()> {
     let units = opts.units;
-    let counters = |out: &mut dyn Write, r: &SizeResult| {
-        if opts.counters {
-            table::counter_line(out, r)?;
-        }
-        match r.cpu_util_pct {
-            Some(_) => table::cpu_line(out, r),
-            None => Ok(()),
-        }
-    };
+    let notes = |out: &mut dyn Write, r: &SizeResult| table::row_notes(out, r, opts.counters, r.cpu_util_pct.is_some());
     let spec = &run.spec;
     table::banner(out, spec, &run.environment, role)?;
     let many = !run.rails.is_empty();
@@ -790,13 +775,13 @@ fn print_run(out: &mut dyn Write, run: &RunResult, opts: &RunOptions, role: &str
     for (k, total) in run.results.iter().enumerate() {
         if !many {
             table::row(out, total, units)?;
-            counters(out, total)?;
+            notes(out, total)?;
             continue;
         }
         for r in &run.rails {
             if let Some(row) = r.results.get(k) {
                 table::rail_row(out, &r.rail.to_string(), row, units)?;
-                counters(out, row)?;
+                notes(out, row)?;
             }
         }
         table::rail_row(out, "all", total, units)?;
@@ -894,7 +879,7 @@ impl RailServer<'_> {
                     for link in &links {
                         latency::prepare(link, spec, size);
                     }
-                    let counters_before = links[0].counters();
+                    let counters_before = (!warmup).then(|| links[0].counters());
                     chan.send(&Message::Ready { size })?;
                     let cpu = CpuMeter::start();
                     let runs: Vec<SizeRun> = links
@@ -913,7 +898,7 @@ impl RailServer<'_> {
                         Kernel::RingBandwidth => ring::bandwidth_server(&runs[0], chan)?,
                         Kernel::Bandwidth => bandwidth::server(&runs, chan)?,
                     };
-                    let counters = (!counters_before.0.is_empty()).then(|| links[0].counters().since(&counters_before));
+                    let counters = counters_before.and_then(|before| links[0].counters_since(&before));
                     let (data, cpu_pct) = (data_error.clone(), Some(cpu.percent()));
                     chan.send(&Message::Verdict { size, iterations, data_error: data, reverse, counters, cpu_pct })?;
                     if let Some(e) = data_error {

@@ -12,6 +12,7 @@
 
 pub mod wait;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -355,6 +356,11 @@ impl Link {
     /// This side's port counters now (see `verbs::counters`).
     pub fn counters(&self) -> counters::Reading {
         counters::read_now(&self.local.device, self.local.port)
+    }
+
+    /// What moved since `before` (non-zero deltas); None when the port has no counters.
+    pub fn counters_since(&self, before: &counters::Reading) -> Option<BTreeMap<String, u64>> {
+        (!before.0.is_empty()).then(|| self.counters().since(before))
     }
 
     pub fn environment(&self, peer_address: &str) -> Environment {

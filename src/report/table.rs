@@ -237,6 +237,14 @@ pub fn row(out: &mut dyn Write, r: &SizeResult, units: Units) -> std::io::Result
     Ok(())
 }
 
+/// The lines under a size's row: its counter deltas (`--counters`) and CPU per message.
+pub fn row_notes(out: &mut dyn Write, r: &SizeResult, counters: bool, cpu: bool) -> std::io::Result<()> {
+    if counters {
+        counter_line(out, r)?;
+    }
+    if cpu { cpu_line(out, r) } else { Ok(()) }
+}
+
 /// With `--cpu-util`: both sides' CPU time per message (per record, for ring tests).
 pub fn cpu_line(out: &mut dyn Write, r: &SizeResult) -> std::io::Result<()> {
     let side = |pct: Option<f64>| {
