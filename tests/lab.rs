@@ -1381,6 +1381,10 @@ fn lab_ring_wait_modes_deliver_every_record_and_a_sleeping_side_sees_a_killed_pe
             assert_eq!(doc["results"][0]["data_validated"], true);
         }
     }
+    // A polling ring's sweep: every size on the same connection, whose wake-up receives
+    // are posted once (posted per size, they overflowed the receive queue at the second).
+    let (c, _) = ok_pair("ring-bw", &["-a", "-n", "20", "--capacity", "16M", "--notify", "poll", "--json", "-"]);
+    assert_eq!(valid_doc(&c.stdout)["results"].as_array().unwrap().len(), 23);
     // The consumer's CPU: a spinning one burns its core while it waits for each 64 KiB
     // record; a sleeping one does not.
     let consumer_cpu = |wait: &str| {

@@ -322,12 +322,13 @@ impl Prepared {
                 receives: Mutex::new(None),
                 _cm: cm,
             };
-            if let (Some(ring), Some(Notify::Imm)) = (spec.ring_layout(), spec.ring.map(|r| r.notify)) {
-                // A ring's writes with immediate each consume a receive; posted now, before
-                // the peer may write, and kept stocked by the ring's receiver.
+            if let Some(ring) = spec.ring_layout() {
+                // A ring's writes with immediate (records with `Imm`, wake-ups of a producer
+                // that may sleep) each consume a receive: as many as the layout gives, posted
+                // once, now, before the peer may write, and kept stocked by whoever takes them.
                 let (at, len) = ring::receive_scratch(&ring);
                 let mut recvs: Vec<_> =
-                    (0..spec.rx_depth).map(|i| RecvRequest::new(&link.buf, at, len, u64::from(i))).collect();
+                    (0..link.layout.rx_depth).map(|i| RecvRequest::new(&link.buf, at, len, u64::from(i))).collect();
                 link.qp.post_recv_batch(&mut recvs)?;
             }
             if spec.uses_receives() {

@@ -139,23 +139,19 @@ pub struct Sender<L: Borrow<Link>> {
 /// The request word's flag for "answer with a write with immediate: I may be asleep".
 const WAKE: u32 = 1 << 31;
 
-/// Receives posted at a producer that may sleep, for the consumer's wake-up writes.
-/// With `Imm` the connection posted `rx_depth` of them already (the link posts them on
-/// both sides); with `Poll` this posts its own.
-pub(crate) struct Wakes {
+/// A producer that may sleep takes the consumer's wake-up writes on the receives the
+/// connection posted (`rx_depth` with `Imm`, `WAKE_RECEIVES` with `Poll`: the link's
+/// layout) and reposts them.
+struct Wakes {
     repost: Vec<RecvRequest>,
     wcs: [Completion; 16],
 }
 
 impl Wakes {
-    fn new(link: &Link, layout: &RingLayout, post: bool) -> Result<Wakes> {
+    fn new(link: &Link, layout: &RingLayout) -> Wakes {
         let (at, len) = receive_scratch(layout);
-        let mut repost: Vec<RecvRequest> =
-            (0..WAKE_RECEIVES).map(|i| RecvRequest::new(&link.buf, at, len, u64::from(i))).collect();
-        if post {
-            link.qp.post_recv_batch(&mut repost)?;
-        }
-        Ok(Wakes { repost, wcs: completions() })
+        let repost = (0..WAKE_RECEIVES).map(|i| RecvRequest::new(&link.buf, at, len, u64::from(i))).collect();
+        Wakes { repost, wcs: completions() }
     }
 
     /// Takes the wake-ups that arrived and posts their receives again.
@@ -193,7 +189,7 @@ impl<L: Borrow<Link>> Sender<L> {
         let (staging_addr, remote_rx) = (l.buf.addr() + layout.tx, l.remote.addr + layout.rx);
         let wakes = match config.wait {
             Wait::Spin => None,
-            _ => Some(Wakes::new(l, &layout, config.notify == Notify::Poll)?),
+            _ => Some(Wakes::new(l, &layout)),
         };
         Ok(Sender {
             link,
