@@ -24,13 +24,14 @@
 //! | session | session | control channel: frames, handshake, deadlines, peer loss |
 //! | report | report | tables, JSON, JUnit, SVG from plain result types |
 //! | verbs | verbs | the only binding to libibverbs and rdma_cm |
-//! | base | spec, stats, units, error, signals | what a test is; clock, histograms; units; errors; signals |
+//! | base | spec, stats, units, names, error, signals | what a test is; clock, histograms; units; names shown and sent; errors; signals |
 
 pub mod bench;
 pub mod cli;
 pub mod error;
 pub mod k8s;
 pub mod link;
+pub mod names;
 pub mod regress;
 pub mod report;
 pub mod ring;

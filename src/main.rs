@@ -53,6 +53,19 @@ fn k8s_command(command: K8sCommand, out: &mut dyn std::io::Write) -> Result<()> 
             let role = k8s::fleet::role(index, pods, topology).map_err(rdmabench::Error::Usage)?;
             write(out, &format!("{}\n", k8s::fleet::role_line(&role)))
         }
+        K8sCommand::Result { pod, peer, exit, run } => {
+            let text = run
+                .and_then(|p| std::fs::read_to_string(&p).ok().map(|t| (p, t)))
+                .filter(|(_, t)| !t.trim().is_empty());
+            let run = text.and_then(|(p, t)| {
+                serde_json::from_str(&t)
+                    .inspect_err(|e| {
+                        eprintln!("rdmabench: {} is no run document ({e}); the result line has none", p.display())
+                    })
+                    .ok()
+            });
+            write(out, &format!("{}\n", k8s::summarize::result_line(pod, peer, exit, run)))
+        }
         K8sCommand::RenderAll { dir } => {
             for (path, request) in k8s::committed() {
                 let (params, _) = k8s::plan(&request)?;

@@ -368,7 +368,7 @@ fn total_of(s: &rails::State, k: usize) -> Option<SizeResult> {
 fn assemble(spec: &TestSpec, mode: RailMode, s: &rails::State, many: bool) -> RunResult {
     let environment = s.rails.iter().find_map(|r| r.environment.clone()).unwrap_or_else(|| Environment {
         tool_version: env!("CARGO_PKG_VERSION").into(),
-        host: crate::session::hostname(),
+        host: crate::names::this_host(),
         device: s.rails[0].device.clone(),
         ..Default::default()
     });

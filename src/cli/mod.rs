@@ -597,6 +597,21 @@ pub enum K8sCommand {
         #[arg(long, value_enum)]
         topology: Topology,
     },
+    /// A fleet client pod's `RDMABENCH_RESULT {...}` line for `summarize`, with this host's
+    /// node name defused; used by the Job's script.
+    #[command(hide = true)]
+    Result {
+        #[arg(long)]
+        pod: u32,
+        #[arg(long)]
+        peer: u32,
+        /// The workload's exit code.
+        #[arg(long)]
+        exit: i32,
+        /// The workload's run document (`--json`); missing or empty: no result.
+        #[arg(long, value_name = "FILE")]
+        run: Option<PathBuf>,
+    },
     /// Write every manifest of k8s-jobs/ into DIR (how the committed ones are made).
     #[command(hide = true)]
     RenderAll { dir: PathBuf },

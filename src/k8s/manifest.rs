@@ -150,8 +150,7 @@ rdmabench run "$RDMABENCH_WORKLOADS/$RDMABENCH_WORKLOAD.toml" \
   -d "$RDMABENCH_DEVICES" --rails "$RDMABENCH_RAILS" -p $((RDMABENCH_PORT + peer)) --connect-timeout 900 \
   --max-memory "$budget" --json "$tmp/run.json" ${RDMABENCH_RUN_ARGS:-}
 rc=$?
-run=null; [ -s "$tmp/run.json" ] && run=$(tr -d '\n' < "$tmp/run.json")
-echo "RDMABENCH_RESULT {\"pod\":$i,\"peer\":$peer,\"node\":\"$(hostname)\",\"exit\":$rc,\"run\":$run}"
+rdmabench k8s result --pod "$i" --peer "$peer" --exit "$rc" --run "$tmp/run.json"
 if [ "$serve" = yes ]; then wait $server || { [ $rc -eq 0 ] && rc=4; }; cat "$tmp/serve.log"; fi
 verdict=PASS; [ $rc -ne 0 ] && verdict=FAIL
 summary "pod $i -> pod $peer: workload $RDMABENCH_WORKLOAD $verdict (exit $rc)"

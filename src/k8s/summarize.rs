@@ -17,7 +17,8 @@ use crate::units::Sig;
 pub struct PodResult {
     pub pod: u32,
     pub peer: u32,
-    #[serde(default)]
+    /// The pod's node name; a log line is foreign text, so it is kept defused.
+    #[serde(default, with = "crate::names::wire")]
     pub node: String,
     pub exit: i32,
     pub run: Option<RunDocument>,
@@ -60,6 +61,21 @@ pub struct Rail {
 }
 
 const MARK: &str = "RDMABENCH_RESULT ";
+
+/// The record a fleet pod prints for `summarize` (`rdmabench k8s result`): its index, its
+/// peer's, this host's node name (defused, whatever the kernel calls it: a hostNetwork
+/// pod has the node's own name), the workload's exit code and its run document, as one
+/// line of JSON that no name or document can break.
+pub fn result_line(pod: u32, peer: u32, exit: i32, run: Option<serde_json::Value>) -> String {
+    let record = serde_json::json!({
+        "pod": pod,
+        "peer": peer,
+        "node": crate::names::this_host(),
+        "exit": exit,
+        "run": run,
+    });
+    format!("{MARK}{record}")
+}
 
 /// Whether `prefix` is what `kubectl logs` may put before a pod's line: nothing, a
 /// `--timestamps` time, a `--prefix` `[pod/NAME/CONTAINER]`. A marker after anything else
@@ -333,21 +349,37 @@ fn command_on(rows: &[Link]) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// A one-step run document whose bandwidth is `g`.
+    fn run_doc(exit: i32, g: f64) -> serde_json::Value {
+        serde_json::json!({
+            "schema": "rdmabench/run", "schema_version": 1, "tool_version": "0.1.0", "workload": "w",
+            "workload_file": "w.toml", "finished_unix_s": 0.0, "environment": null, "verdict": "pass",
+            "steps": [{"name": "bw", "kind": "measure", "repeat": 1, "verdict": if exit == 0 { "pass" } else { "fail" },
+                       "duration_s": 1.0, "stats": [{"size": 65536, "metrics": {"gbps":
+                           {"median": g, "min": g, "max": g, "values": [g]}}}]}]
+        })
+    }
+
     fn line(pod: u32, peer: u32, exit: i32, gbps: Option<f64>) -> String {
-        let run = match gbps {
-            None => "null".to_string(),
-            Some(g) => serde_json::json!({
-                "schema": "rdmabench/run", "schema_version": 1, "tool_version": "0.1.0", "workload": "w",
-                "workload_file": "w.toml", "finished_unix_s": 0.0, "environment": null, "verdict": "pass",
-                "steps": [{"name": "bw", "kind": "measure", "repeat": 1, "verdict": if exit == 0 { "pass" } else { "fail" },
-                           "duration_s": 1.0, "stats": [{"size": 65536, "metrics": {"gbps":
-                               {"median": g, "min": g, "max": g, "values": [g]}}}]}]
-            })
-            .to_string(),
-        };
+        let run = gbps.map_or("null".to_string(), |g| run_doc(exit, g).to_string());
         format!(
             "2026-12-02T10:00:00Z [pod/x/rdmabench] RDMABENCH_RESULT {{\"pod\":{pod},\"peer\":{peer},\"node\":\"n{pod}\",\"exit\":{exit},\"run\":{run}}}"
         )
+    }
+
+    #[test]
+    fn a_pods_result_line_reads_back_whatever_its_node_is_called() {
+        let text = result_line(3, 4, 1, Some(run_doc(1, 9.0)));
+        assert!(!text.contains('\n'), "one line: {text}");
+        let back = parse(text.as_bytes()).unwrap();
+        assert_eq!((back[0].pod, back[0].peer, back[0].exit), (3, 4, 1));
+        assert_eq!(back[0].node, crate::names::this_host());
+        assert_eq!(first_metric(back[0].run.as_ref().unwrap(), "gbps"), Some(9.0));
+        let none = parse(result_line(0, 1, 3, None).as_bytes()).unwrap();
+        assert!(none[0].run.is_none());
+        // A line written by hand (an older script) with an odd node name is kept defused.
+        let odd = r#"RDMABENCH_RESULT {"pod":0,"peer":1,"node":"a b|c","exit":0,"run":null}"#;
+        assert_eq!(parse(odd.as_bytes()).unwrap()[0].node, "a%20b%7Cc");
     }
 
     #[test]

@@ -203,7 +203,7 @@ impl Prepared {
             let mut qp = Qp::create(&rdma, spec.transport, caps)?;
             qp.set_path(path_params(&spec.fabric));
             let local = Endpoint {
-                node: crate::session::hostname(),
+                node: crate::names::this_host(),
                 device: rdma.name().to_string(),
                 port: rdma.port.port,
                 link_layer: rdma.port.link_layer.label().into(),

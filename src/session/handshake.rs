@@ -8,7 +8,7 @@ use super::Channel;
 use super::auth::{self, Token};
 use super::proto::{self, MAGIC, Message, PROTOCOL_VERSION, RailHello};
 use crate::error::{Error, Result};
-use crate::session::hostname;
+use crate::names::this_host;
 use crate::spec::TestSpec;
 
 /// Client side: takes the server's greeting and returns its nonce.
@@ -44,7 +44,7 @@ pub fn open(
         magic: MAGIC.into(),
         version: PROTOCOL_VERSION,
         tool_version: env!("CARGO_PKG_VERSION").into(),
-        node: hostname(),
+        node: this_host(),
         spec: Box::new(spec.clone()),
         rail,
         auth: token.map(|t| t.proof(&nonce, "hello")),
@@ -130,7 +130,7 @@ pub fn answer<T>(
     chan.send(&Message::Welcome {
         version: PROTOCOL_VERSION,
         tool_version: env!("CARGO_PKG_VERSION").into(),
-        node: hostname(),
+        node: this_host(),
         devices: devices.to_vec(),
     })?;
     Ok(accepted)

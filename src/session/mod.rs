@@ -12,12 +12,3 @@ pub mod proto;
 pub use channel::{Channel, Listener, PeerPoll};
 pub use door::Door;
 pub use proto::{Message, PROTOCOL_VERSION, RailHello};
-
-/// This host's name, as the peer and the reports show it.
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "unknown".into())
-}

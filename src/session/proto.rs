@@ -30,6 +30,7 @@ pub const MAGIC: &str = "rdmabench";
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RailHello {
     pub index: u32,
+    #[serde(with = "crate::names::wire_list")]
     pub devices: Vec<String>,
 }
 
@@ -47,6 +48,9 @@ pub enum Message {
         magic: String,
         version: u32,
         tool_version: String,
+        /// Every name in these messages travels defused (`names::wire`): never a reason to
+        /// refuse a peer, only its length is (`check_name`).
+        #[serde(with = "crate::names::wire")]
         node: String,
         spec: Box<TestSpec>,
         /// Which of the client's rails this session is (absent: a ring session).
@@ -59,9 +63,10 @@ pub enum Message {
     Welcome {
         version: u32,
         tool_version: String,
+        #[serde(with = "crate::names::wire")]
         node: String,
         /// The server's rails' devices, in order.
-        #[serde(default)]
+        #[serde(default, with = "crate::names::wire_list")]
         devices: Vec<String>,
     },
     /// The server cannot run this spec; `code` is the exit code it maps to.
@@ -97,7 +102,7 @@ pub enum Message {
         #[serde(default)]
         reverse: Option<ThroughputSummary>,
         /// The server's port counters that moved during the size (non-zero deltas).
-        #[serde(default)]
+        #[serde(default, with = "crate::names::wire_counters")]
         counters: Option<BTreeMap<String, u64>>,
         /// The server's CPU time during the size, % of one core.
         #[serde(default)]
@@ -140,7 +145,7 @@ impl Message {
 /// The most counters a peer may report for one size (mlx5 has about 80).
 pub const MAX_COUNTERS: usize = 1024;
 
-/// A peer's counter deltas: bounded in number, each name a plain word.
+/// A peer's counter deltas: bounded in number and in each name's length.
 pub fn check_counters(counters: &BTreeMap<String, u64>) -> Result<()> {
     if counters.len() > MAX_COUNTERS {
         return Err(Error::Peer(format!(
@@ -151,21 +156,14 @@ pub fn check_counters(counters: &BTreeMap<String, u64>) -> Result<()> {
     counters.keys().try_for_each(|name| check_name("a counter named", name))
 }
 
-/// The longest node or device name a peer may send (a DNS name's limit).
-pub const MAX_NAME: usize = 253;
-
-/// A node or device name from the peer: what a host or device name may hold (letters,
-/// digits, `.-_:`), at most `MAX_NAME` bytes; these are printed in every log line that
-/// names the peer.
+/// A node, device or counter name from the peer, already defused on the way in
+/// (`names::wire`): whatever its characters, only a length no rdmabench sends is refused,
+/// as a usage error (exit 2) that says so.
 pub fn check_name(what: &str, name: &str) -> Result<()> {
-    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':');
-    if name.is_empty() || name.len() > MAX_NAME || !name.chars().all(ok_char) {
-        let shown: String = super::frame::escape(name).chars().take(64).collect();
-        return Err(Error::Peer(format!(
-            "the peer sent {what} {shown:?}: not a host or device name (1..={MAX_NAME} of letters, digits, `.-_:`)"
-        )));
+    match crate::names::too_long(what, name) {
+        Some(why) => Err(Error::Usage(why)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Server side: accepts a `Hello` of our protocol version, or says why not.
@@ -313,33 +311,75 @@ mod tests {
         assert!(reason.contains("\\u{a}RDMABENCH_RESULT"), "escaped, still readable: {reason}");
     }
 
+    /// What the receiver makes of a message: encoded by the sender, decoded here.
+    fn over_the_wire(m: &Message) -> Message {
+        frame::decode(&frame::encode(m).unwrap()).unwrap().unwrap().0
+    }
+
     #[test]
-    fn node_and_device_names_from_the_peer_are_checked() {
-        for bad in ["", "a b", "node\u{1b}", &"n".repeat(254), "x/y", "ümlaut"] {
+    fn odd_node_and_device_names_are_defused_and_accepted() {
+        let odd = ["(none)", "a b", "node\u{1b}[2J", "knoten-\u{fc}", "x/y", "mlx5_0;rm", &"\u{e9}".repeat(32)];
+        for name in odd {
             let mut m = hello(PROTOCOL_VERSION);
-            if let Message::Hello { node, .. } = &mut m {
-                *node = bad.to_string();
+            if let Message::Hello { node, rail: Some(r), .. } = &mut m {
+                *node = name.to_string();
+                r.devices.push(name.to_string());
             }
-            let e = check_hello(&m).unwrap_err();
-            assert_eq!(e.exit_code(), 4, "{bad:?}");
-            assert!(e.to_string().contains("not a host or device name"), "{e}");
+            let got = over_the_wire(&m);
+            check_hello(&got).unwrap_or_else(|e| panic!("{name:?}: {e}"));
+            let Message::Hello { node, rail: Some(r), .. } = got else { panic!() };
+            assert_eq!(node, crate::names::from_peer(name));
+            assert_eq!(r.devices[2], node);
+            assert!(node.bytes().all(|b| b.is_ascii_graphic() && !b"\"'\\/;,|<>&$`".contains(&b)), "{node}");
         }
         let mut m = hello(PROTOCOL_VERSION);
-        if let Message::Hello { rail: Some(r), .. } = &mut m {
-            r.devices.push("mlx5_0;rm".into());
+        if let Message::Hello { node, .. } = &mut m {
+            *node = "(none)".into();
         }
-        assert!(check_hello(&m).is_err());
-        for good in ["rdmabench-lab", "job-1.svc.cluster.local", "mlx5_0", "fe80::1"] {
-            assert!(check_name("n", good).is_ok(), "{good}");
-        }
+        let Message::Hello { node, .. } = over_the_wire(&m) else { panic!() };
+        assert_eq!(node, "(none)", "a bare VM's name is shown as it is");
         let welcome = |node: &str| Message::Welcome {
             version: PROTOCOL_VERSION,
             tool_version: "0".into(),
             node: node.into(),
-            devices: vec!["rxe0".into()],
+            devices: vec!["rxe 0".into()],
         };
-        assert!(check_welcome(welcome("srv")).is_ok());
-        assert_eq!(check_welcome(welcome("srv\nx")).unwrap_err().exit_code(), 4);
+        assert!(check_welcome(over_the_wire(&welcome("srv\nx"))).is_ok());
+        let Message::Welcome { node, devices, .. } = over_the_wire(&welcome("srv\nx")) else { panic!() };
+        assert_eq!((node.as_str(), devices[0].as_str()), ("srv%0Ax", "rxe%200"));
+    }
+
+    #[test]
+    fn only_a_name_longer_than_any_rdmabench_sends_is_refused_as_usage() {
+        let mut m = hello(PROTOCOL_VERSION);
+        if let Message::Hello { node, .. } = &mut m {
+            *node = "n".repeat(crate::names::MAX_NAME + 1);
+        }
+        let e = check_hello(&over_the_wire(&m)).unwrap_err();
+        assert_eq!(e.exit_code(), 2, "{e}");
+        assert!(e.to_string().contains("same rdmabench version"), "{e}");
+        let mut m = hello(PROTOCOL_VERSION);
+        if let Message::Hello { rail: Some(r), .. } = &mut m {
+            r.devices.push("d".repeat(300));
+        }
+        assert_eq!(check_hello(&over_the_wire(&m)).unwrap_err().exit_code(), 2);
+        let counters = BTreeMap::from([("c".repeat(300), 1)]);
+        assert_eq!(check_counters(&counters).unwrap_err().exit_code(), 2);
+        assert!(check_counters(&BTreeMap::from([("odd name".to_string(), 1)])).is_ok());
+    }
+
+    #[test]
+    fn a_verdicts_counter_names_are_defused_on_the_way_in() {
+        let v = Message::Verdict {
+            size: 1,
+            iterations: 1,
+            data_error: None,
+            reverse: None,
+            counters: Some(BTreeMap::from([("rx write\n".to_string(), 3)])),
+            cpu_pct: None,
+        };
+        let Message::Verdict { counters: Some(c), .. } = over_the_wire(&v) else { panic!() };
+        assert_eq!(c.get("rx%20write%0A"), Some(&3));
     }
 
     #[test]

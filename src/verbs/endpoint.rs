@@ -7,7 +7,10 @@ use serde::{Deserialize, Serialize};
 /// What one side needs to know to connect its QP to the other's and reach its memory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Endpoint {
+    /// Names travel defused (`names::wire`): a peer's are never a reason to refuse it.
+    #[serde(with = "crate::names::wire")]
     pub node: String,
+    #[serde(with = "crate::names::wire")]
     pub device: String,
     pub port: u8,
     pub link_layer: String,
