@@ -53,7 +53,7 @@ pub fn too_long(what: &str, name: &str) -> Option<String> {
     (name.len() > MAX_NAME).then(|| {
         let start: String = name.chars().take(40).collect();
         format!(
-            "the peer sent {what} of {} bytes (\"{start}...\"); at most {MAX_NAME} are accepted, and no rdmabench \
+            "{what} is {} bytes (\"{start}...\"); at most {MAX_NAME} are accepted from a peer, and no rdmabench \
              sends more: run the same rdmabench version on both sides",
             name.len()
         )

@@ -1320,6 +1320,164 @@ fn lab_fleet_ring_of_three_pods_summarized() {
     assert!(s.stdout.contains("FAILED: no result") && s.stderr.contains("2 -> 0"), "{}\n{}", s.stdout, s.stderr);
 }
 
+// ---- Hosts with names that are no DNS names ----
+
+/// A UTS namespace whose kernel host name (what `uname -n` prints) is `name`: a prefix for
+/// `spawn_in`, `run_in` and `pod`, as `pod_view` is.
+fn host_named(name: &str) -> Vec<String> {
+    let script = r#"printf %s "$1" > /proc/sys/kernel/hostname || exit 96; shift; exec "$@""#;
+    ["unshare", "-u", "sh", "-c", script, "host-named", name].iter().map(|s| s.to_string()).collect()
+}
+
+/// The kernel's longest host name (64 bytes), with spaces and UTF-8, and how it is shown.
+fn odd_host() -> (String, String) {
+    let raw = format!("rack 7 n\u{153}ud-\u{fc}{}", "x".repeat(49));
+    assert_eq!(raw.len(), 64);
+    (raw, format!("rack%207%20n%C5%93ud-%C3%BC{}", "x".repeat(49)))
+}
+
+/// Hosts named as a bare VM names itself, `(none)`, or with 64 bytes of spaces and UTF-8
+/// run a test both ways and show both names defused in their tables and JSON.
+#[test]
+fn lab_hosts_named_none_or_anything_run_write_lat_and_show_the_names_defused() {
+    let (odd, odd_shown) = odd_host();
+    let dir = tempfile::tempdir().unwrap();
+    let (cjson, sjson) = (json_file(&dir, "client.json"), json_file(&dir, "server.json"));
+    let port = next_port();
+    let server = spawn_in(
+        &host_named("(none)"),
+        &["write-lat", "-p", &port, "--connect-timeout", "30", "--timeout", "5", "--json", &sjson],
+    );
+    let addr = server_addr();
+    let c =
+        run_in(&host_named(&odd), &["write-lat", "-n", "200", "-p", &port, "--timeout", "5", "--json", &cjson, &addr]);
+    let s = finish(server, Duration::from_secs(30));
+    assert_eq!(c.code, 0, "client:\n{}\n{}", c.stdout, c.stderr);
+    assert_eq!(s.code, 0, "server:\n{}\n{}", s.stdout, s.stderr);
+    let (client, server) =
+        (valid_doc(&std::fs::read_to_string(&cjson).unwrap()), valid_doc(&std::fs::read_to_string(&sjson).unwrap()));
+    assert_eq!(client["environment"]["host"], odd_shown.as_str(), "{client}");
+    assert_eq!(client["environment"]["peer"]["host"], "(none)", "{client}");
+    assert_eq!(server["environment"]["host"], "(none)", "{server}");
+    assert_eq!(server["environment"]["peer"]["host"], odd_shown.as_str(), "{server}");
+    assert_eq!(client["results"][0]["latency"]["samples"], 200, "{client}");
+    for (out, mine, theirs) in
+        [(&c.stdout, &odd_shown, "(none)"), (&s.stdout, &"(none)".to_string(), odd_shown.as_str())]
+    {
+        let local = out.lines().find(|l| l.contains("local  GID index")).unwrap_or_else(|| panic!("{out}"));
+        let remote = out.lines().find(|l| l.contains("remote GID index")).unwrap_or_else(|| panic!("{out}"));
+        assert!(local.contains(&format!(" on {mine})")), "{local}");
+        assert!(remote.contains(&format!(" on {theirs},")), "{remote}");
+    }
+    assert!(
+        !format!("{}{}{}{}", c.stdout, c.stderr, s.stdout, s.stderr).contains(&odd),
+        "the raw name is never printed"
+    );
+}
+
+/// A `run --serve` server on a host named `(none)`: a hand-made hello whose node name is
+/// raw (escape sequence, space, UTF-8: what an older rdmabench or another client may send)
+/// is welcomed and logged defused; one longer than any rdmabench sends is refused with
+/// code 2 and the fix; the server lives on and serves a workload from a host with an odd
+/// name, and both sides' names are in its run document.
+#[test]
+fn lab_a_server_named_none_defuses_what_peers_call_themselves_and_serves_a_workload() {
+    use std::io::Write;
+    let (odd, odd_shown) = odd_host();
+    let dir = tempfile::tempdir().unwrap();
+    let workload = dir.path().join("names.toml");
+    std::fs::write(
+        &workload,
+        "name = \"names\"\ndescription = \"one short latency step\"\n\n[[step]]\nname = \"write latency 2 B\"\n\
+         test = \"write-lat\"\nsize = 2\niterations = 300\n",
+    )
+    .unwrap();
+    let port = next_port();
+    let server =
+        spawn_in(&host_named("(none)"), &["run", "--serve", "-p", &port, "--timeout", "3", "--connect-timeout", "60"]);
+    let hello: Value = serde_json::from_str(&captured_hello(&["write-lat", "-n", "10"])).unwrap();
+    let replay = |node: &str| {
+        let mut h = hello.clone();
+        h["node"] = node.into();
+        let mut raw = connect_raw(&port);
+        assert!(read_frame(&mut raw).contains("greeting"));
+        raw.write_all(&frame(&h.to_string())).unwrap();
+        let answer: Value = serde_json::from_str(&read_frame(&mut raw)).unwrap();
+        answer
+    };
+    let welcome = replay("old client\u{1b}[2J \u{fc}");
+    assert_eq!((welcome["type"].as_str(), welcome["node"].as_str()), (Some("welcome"), Some("(none)")), "{welcome}");
+    let refuse = replay(&"n".repeat(300));
+    assert_eq!((refuse["type"].as_str(), refuse["code"].as_i64()), (Some("refuse"), Some(2)), "{refuse}");
+    let why = refuse["message"].as_str().unwrap();
+    assert!(
+        why.contains("300 bytes") && why.contains("at most 253") && why.contains("same rdmabench version"),
+        "{why}"
+    );
+
+    let run_json = json_file(&dir, "run.json");
+    let args = [
+        "run",
+        workload.to_str().unwrap(),
+        "--peer",
+        &server_addr(),
+        "-p",
+        &port,
+        "--connect-timeout",
+        "30",
+        "--json",
+        &run_json,
+    ];
+    let c = finish(spawn_in(&host_named(&odd), &args), Duration::from_secs(120));
+    assert_eq!(c.code, 0, "{}\n{}", c.stdout, c.stderr);
+    let s = finish(server, Duration::from_secs(60));
+    assert_eq!(s.code, 0, "served both strangers and the workload, and ended with it: {}\n{}", s.stdout, s.stderr);
+    assert!(s.stderr.contains("peer old%20client%5Cu%7B1b%7D%5B2J%20%C3%BC ("), "logged defused: {}", s.stderr);
+    assert!(s.stderr.contains("at most 253"), "the refusal is logged: {}", s.stderr);
+    assert!(!s.stderr.contains('\u{1b}'), "{}", s.stderr);
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&run_json).unwrap()).unwrap();
+    assert_eq!(doc["verdict"], "pass", "{doc}");
+    assert_eq!(doc["environment"]["host"], odd_shown.as_str(), "{doc}");
+    assert_eq!(doc["environment"]["peer"]["host"], "(none)", "{doc}");
+}
+
+/// The rendered Job's pod script on hosts named `(none)`: validate, the workload through
+/// `run --serve`, the result line, and `summarize` of the pods' logs naming both nodes.
+#[test]
+fn lab_a_job_on_nodes_named_none_runs_and_is_summarized() {
+    let render =
+        run(&["k8s", "render", "--platform", "vke", "--mode", "exclusive", "--nics", "1", "--workload", "smoke"]);
+    assert_eq!(render.code, 0, "{}", render.stderr);
+    let job: Value =
+        render.stdout.split("\n---\n").map(|d| serde_norway::from_str::<Value>(d).unwrap()).nth(1).unwrap();
+    let container = &job["spec"]["template"]["spec"]["containers"][0];
+    let dir = tempfile::tempdir().unwrap();
+    let base = next_port();
+    next_port();
+    let pods: Vec<Child> = (0..2)
+        .map(|i| {
+            let mut cmd = pod(&host_named("(none)"), container, i, &base, dir.path());
+            cmd.env("RDMABENCH_PROFILE", "generic").env("RDMABENCH_PEER_ADDR", server_addr());
+            cmd.spawn().expect("start a pod script")
+        })
+        .collect();
+    let outs: Vec<Out> = pods.into_iter().map(|p| finish(p, Duration::from_secs(300))).collect();
+    for (i, o) in outs.iter().enumerate() {
+        assert_eq!(o.code, 0, "pod {i}:\n{}\n{}", o.stdout, o.stderr);
+    }
+    assert!(outs[1].stdout.contains("=== workload smoke: PASS ==="), "{}", outs[1].stdout);
+    let line = outs[1].stdout.lines().find(|l| l.starts_with("RDMABENCH_RESULT ")).expect("the result line");
+    assert!(line.contains(r#""node":"(none)""#), "{line}");
+    let log = dir.path().join("pods.log");
+    std::fs::write(&log, format!("{}\n{}", outs[0].stdout, outs[1].stdout)).unwrap();
+    let s = run(&["summarize", log.to_str().unwrap()]);
+    assert_eq!(s.code, 0, "{}\n{}", s.stdout, s.stderr);
+    assert!(s.stdout.contains("1 link(s), 0 failed"), "{}", s.stdout);
+    let rows: Value = serde_json::from_str(&run(&["summarize", "--json", log.to_str().unwrap()]).stdout).unwrap();
+    assert_eq!((rows[0]["node"].as_str(), rows[0]["peer_node"].as_str()), (Some("(none)"), Some("(none)")), "{rows}");
+    assert_eq!(rows[0]["ok"], true, "{rows}");
+}
+
 // ---- The zero-copy ring (rdmabench::ring, ring-bw, ring-lat) ----
 
 /// ring-bw and ring-lat in both notify modes over a small ring (hundreds of wraps), every
@@ -1677,10 +1835,16 @@ exec "$@""#;
     ["unshare", "-m", "sh", "-c", script, "pod-view", &devices.join(",")].iter().map(|s| s.to_string()).collect()
 }
 
-fn run_in(view: &[String], args: &[&str]) -> Out {
+/// Starts rdmabench with `args` inside `view` (a command that ends by running its
+/// arguments: `pod_view`, `host_named`).
+fn spawn_in(view: &[String], args: &[&str]) -> Child {
     let mut cmd = Command::new(&view[0]);
     cmd.args(&view[1..]).arg(BIN).args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
-    finish(cmd.spawn().expect("start in the pod view"), Duration::from_secs(60))
+    cmd.spawn().expect("start in the view")
+}
+
+fn run_in(view: &[String], args: &[&str]) -> Out {
+    finish(spawn_in(view, args), Duration::from_secs(60))
 }
 
 /// Takes a cable down for the length of a test, and always brings it back up (and waits

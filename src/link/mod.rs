@@ -448,8 +448,8 @@ fn watch_peer(chan: &mut Channel, waiting_for: &str) -> Result<()> {
 fn expect_endpoint(chan: &mut Channel) -> Result<Endpoint> {
     match chan.recv_handshake("the peer's endpoint")? {
         Message::Endpoint(e) => {
-            proto::check_name("the node name", &e.node)?;
-            proto::check_name("the device name", &e.device)?;
+            proto::check_name("the peer's node name", &e.node)?;
+            proto::check_name("the peer's device name", &e.device)?;
             Ok(*e)
         }
         other => Err(chan.unexpected(&other, "its endpoint")),

@@ -148,6 +148,13 @@ mod tests {
         let v = serde_json::to_value(Document::new("client", run)).unwrap();
         assert_eq!(errors(&v), Vec::<String>::new());
         assert_eq!(v["results"].as_array().unwrap().len(), sizes.len());
+        // Node names are defused (`names`): a raw one is no document of ours.
+        let mut raw = v.clone();
+        raw["environment"]["peer"]["host"] = "a b".into();
+        assert_eq!(errors(&raw).len(), 1, "{:?}", errors(&raw));
+        raw["environment"]["peer"]["host"] = crate::names::defuse(b"a b").into();
+        raw["environment"]["host"] = "(none)".into();
+        assert_eq!(errors(&raw), Vec::<String>::new());
     }
 
     #[test]

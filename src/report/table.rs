@@ -72,7 +72,11 @@ pub fn banner(out: &mut dyn Write, spec: &TestSpec, env: &Environment, role: &st
     if let Some(every) = spec.interval_secs {
         writeln!(out, " Intervals      : every {every} s, printed as they end (Ctrl-C ends the size early)")?;
     }
-    writeln!(out, " local  GID index {} : {} ({})", env.gid_index, env.gid, env.gid_type)?;
+    writeln!(
+        out,
+        " local  GID index {} : {} ({}, {} port {} on {})",
+        env.gid_index, env.gid, env.gid_type, env.device, env.port, env.host
+    )?;
     writeln!(
         out,
         " remote GID index {} : {} ({} port {} on {}, {})",

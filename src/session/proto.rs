@@ -153,7 +153,7 @@ pub fn check_counters(counters: &BTreeMap<String, u64>) -> Result<()> {
             counters.len()
         )));
     }
-    counters.keys().try_for_each(|name| check_name("a counter named", name))
+    counters.keys().try_for_each(|name| check_name("a counter name of the peer's port", name))
 }
 
 /// A node, device or counter name from the peer, already defused on the way in
@@ -179,9 +179,9 @@ pub fn check_hello(msg: &Message) -> Result<&TestSpec> {
                      this server speaks v{PROTOCOL_VERSION}; run the same rdmabench version on both sides"
                 )));
             }
-            check_name("the node name", node)?;
+            check_name("the client's node name", node)?;
             for d in rail.iter().flat_map(|r| &r.devices) {
-                check_name("a rail's device", d)?;
+                check_name("a device name of the client's rails", d)?;
             }
             Ok(spec)
         }
@@ -193,8 +193,8 @@ pub fn check_hello(msg: &Message) -> Result<&TestSpec> {
 pub fn check_welcome(msg: Message) -> Result<()> {
     match msg {
         Message::Welcome { version, node, devices, .. } if version == PROTOCOL_VERSION => {
-            check_name("the node name", &node)?;
-            devices.iter().try_for_each(|d| check_name("a rail's device", d))
+            check_name("the server's node name", &node)?;
+            devices.iter().try_for_each(|d| check_name("a device name of the server's rails", d))
         }
         Message::Welcome { version, tool_version, .. } => Err(Error::Environment(format!(
             "protocol version mismatch: the server (rdmabench {tool_version}) speaks v{version}, \
