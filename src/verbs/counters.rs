@@ -10,8 +10,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// One reading of a port's counters: name -> value. Names are the sysfs file names; a
-/// hw_counter whose name a port counter already has is kept as `hw_<name>`.
+/// One reading of a port's counters: name -> value. Names are the sysfs file names,
+/// defused (`names::defuse`: any driver's odd name is kept, in the form both sides send and
+/// show); a hw_counter whose name a port counter already has is kept as `hw_<name>`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reading(pub BTreeMap<String, u64>);
 
@@ -31,7 +32,7 @@ pub fn read(root: &Path, device: &str, port: u8) -> Reading {
         let mut files: Vec<(String, PathBuf)> = entries
             .flatten()
             .filter(|e| !writable(&e.path()))
-            .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
+            .map(|e| (crate::names::defuse(e.file_name().as_encoded_bytes()), e.path()))
             .collect();
         files.sort();
         for (name, path) in files {
@@ -125,13 +126,17 @@ mod tests {
     #[test]
     fn reads_both_directories_and_leaves_out_what_is_no_counter() {
         let root = tempfile::tempdir().unwrap();
-        port(root.path(), "hw_counters", &[("sent_pkts", "120\n"), ("completer_retry_err", "3\n"), ("odd", "x\n")]);
+        port(
+            root.path(),
+            "hw_counters",
+            &[("sent_pkts", "120\n"), ("completer_retry_err", "3\n"), ("odd", "x\n"), ("rx pkts", "5\n")],
+        );
         port(root.path(), "counters", &[("port_xmit_packets", "7\n"), ("sent_pkts", "1\n")]);
         let knob = root.path().join("sys/class/infiniband/rxe0/ports/1/hw_counters/lifespan");
         std::fs::write(&knob, "10\n").unwrap();
         std::fs::set_permissions(&knob, std::fs::Permissions::from_mode(0o644)).unwrap();
         let r = read(root.path(), "rxe0", 1);
-        assert_eq!(r.names(), ["completer_retry_err", "hw_sent_pkts", "port_xmit_packets", "sent_pkts"]);
+        assert_eq!(r.names(), ["completer_retry_err", "hw_sent_pkts", "port_xmit_packets", "rx%20pkts", "sent_pkts"]);
         assert_eq!(r.0["hw_sent_pkts"], 120);
         assert_eq!(read(root.path(), "rxe9", 1), Reading::default());
     }
