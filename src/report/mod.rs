@@ -9,6 +9,7 @@ pub mod json;
 pub mod junit;
 pub mod markers;
 pub mod metrics;
+pub mod pairs;
 pub mod plot;
 pub mod run;
 pub mod table;

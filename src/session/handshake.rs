@@ -73,6 +73,14 @@ pub fn finish(chan: &mut Channel, token: Option<&Token>) -> Result<()> {
     }
 }
 
+/// A fleet node's side: joins the coordinator of its fleet as `node` of `nodes`, sharing
+/// the schedule's fingerprint `plan`, with the proof of `token`. The coordinator answers
+/// with the first step's `Go` once every node has joined.
+pub fn join(chan: &mut Channel, node: u32, nodes: u32, plan: &str, token: Option<&Token>) -> Result<()> {
+    let nonce = greeting(chan)?;
+    chan.send(&Message::Join { node, nodes, plan: plan.into(), auth: token.map(|t| t.proof(&nonce, "join")) })
+}
+
 /// Server side: greets a new connection and takes its first message, a hello or a
 /// finish. With a `token`, one without the right proof is refused (the client hears why)
 /// before anything is allocated; the caller logs it and serves the next connection.
@@ -82,7 +90,7 @@ pub fn opening(chan: &mut Channel, token: Option<&Token>, waiting_for: &str) -> 
     chan.send(&Message::Greeting { magic: MAGIC.into(), version: PROTOCOL_VERSION, nonce: nonce.clone() })?;
     let msg = chan.recv_handshake(waiting_for)?;
     let proof = match &msg {
-        Message::Hello { auth, .. } | Message::Finish { auth } => auth.as_deref(),
+        Message::Hello { auth, .. } | Message::Finish { auth } | Message::Join { auth, .. } => auth.as_deref(),
         other => return Err(chan.unexpected(other, "a hello")),
     };
     if let Some(token) = token {

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::report::RunResult;
+use crate::report::pairs::PairRow;
 use crate::spec::TestSpec;
 use crate::stats::ThroughputSummary;
 use crate::verbs::endpoint::Endpoint;
@@ -119,6 +120,31 @@ pub enum Message {
         code: i32,
         reason: String,
     },
+    /// A node of an all-pairs fleet joins its coordinator (`fleet::barrier`); `plan` is
+    /// the schedule's fingerprint, which every node must share.
+    Join {
+        node: u32,
+        nodes: u32,
+        plan: String,
+        #[serde(default)]
+        auth: Option<String>,
+    },
+    /// A fleet node is ready for step `step`, with the pairs it measured in the step before.
+    Arrive {
+        step: u32,
+        rows: Vec<PairRow>,
+    },
+    /// The coordinator: step `step` begins. `dead`: the nodes that left the fleet;
+    /// `retest`: the step's (client, server) pairs after the planned ones; `done`: the
+    /// fleet is over.
+    Go {
+        step: u32,
+        dead: Vec<u32>,
+        #[serde(default)]
+        retest: Vec<[u32; 2]>,
+        #[serde(default)]
+        done: bool,
+    },
 }
 
 impl Message {
@@ -138,6 +164,9 @@ impl Message {
             Message::Bye => "bye",
             Message::Finish { .. } => "finish",
             Message::Abort { .. } => "abort",
+            Message::Join { .. } => "join",
+            Message::Arrive { .. } => "arrive",
+            Message::Go { .. } => "go",
         }
     }
 }

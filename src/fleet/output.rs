@@ -1,0 +1,301 @@
+//! What `summarize --fleet all-pairs` writes for a fleet: every pair as JSON lines, an
+//! N x N matrix per metric as CSV (row: the measuring node, column: the node measured
+//! against, both labelled by node name), the verdict as JSON (bad nodes and links with
+//! their evidence), an SVG heat map of the bandwidth matrix and a markdown summary.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::attribution::{Attribution, Thresholds};
+use crate::error::{Error, Result};
+use crate::report::pairs::PairRow;
+
+/// A node's label: its node name when a row gives one, else `node-<i>`; with the index
+/// when two nodes share a name (pods of one node, hostNetwork).
+pub fn labels(nodes: u32, rows: &[PairRow]) -> Vec<String> {
+    let mut names: Vec<Option<String>> = vec![None; nodes as usize];
+    for r in rows {
+        for (i, name) in [(r.client, &r.client_node), (r.server, &r.server_node)] {
+            if (i as usize) < names.len() && !name.is_empty() && names[i as usize].is_none() {
+                names[i as usize] = Some(name.clone());
+            }
+        }
+    }
+    let plain: Vec<String> =
+        names.iter().enumerate().map(|(i, n)| n.clone().unwrap_or_else(|| format!("node-{i}"))).collect();
+    plain
+        .iter()
+        .enumerate()
+        .map(|(i, n)| if plain.iter().filter(|m| *m == n).count() > 1 { format!("{n}#{i}") } else { n.clone() })
+        .collect()
+}
+
+/// The metrics a matrix is written for.
+pub const METRICS: [&str; 3] = ["gbps", "p50_us", "p99_us"];
+
+fn figure(r: &PairRow, metric: &str) -> Option<f64> {
+    match metric {
+        "gbps" => r.gbps,
+        "p50_us" => r.p50_us,
+        _ => r.p99_us,
+    }
+}
+
+/// The planned pairs' `metric` as a CSV matrix; a failed pair is `failed`, an unmeasured
+/// one empty. Names are defused, so no label can break a cell.
+pub fn matrix_csv(nodes: u32, rows: &[PairRow], metric: &str) -> String {
+    let label = labels(nodes, rows);
+    let mut out = format!("client/server,{}\n", label.join(","));
+    for i in 0..nodes {
+        let cells: Vec<String> = (0..nodes)
+            .map(|j| match rows.iter().find(|r| !r.retest && r.client == i && r.server == j) {
+                Some(r) if !r.ok() => "failed".into(),
+                Some(r) => figure(r, metric).map_or(String::new(), |v| format!("{v:.3}")),
+                None => String::new(),
+            })
+            .collect();
+        let _ = writeln!(out, "{},{}", label[i as usize], cells.join(","));
+    }
+    out
+}
+
+#[derive(Serialize)]
+struct Verdict<'a> {
+    schema: &'static str,
+    nodes: u32,
+    labels: &'a [String],
+    verdict: &'static str,
+    bad_nodes: Vec<&'a str>,
+    bad_links: Vec<[&'a str; 2]>,
+    thresholds: &'a Thresholds,
+    attribution: &'a Attribution,
+}
+
+pub fn verdict_json(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds) -> String {
+    let label = labels(nodes, rows);
+    let v = Verdict {
+        schema: "rdmabench/fleet-verdict",
+        nodes,
+        labels: &label,
+        verdict: if a.bad_nodes().is_empty() && a.bad_links().is_empty() { "pass" } else { "fail" },
+        bad_nodes: a.bad_nodes().iter().map(|&i| label[i as usize].as_str()).collect(),
+        bad_links: a
+            .bad_links()
+            .iter()
+            .map(|&(x, y)| [label[x as usize].as_str(), label[y as usize].as_str()])
+            .collect(),
+        thresholds: t,
+        attribution: a,
+    };
+    serde_json::to_string_pretty(&v).expect("a verdict serialises") + "\n"
+}
+
+/// The bandwidth matrix as an SVG heat map: each cell's colour is its bandwidth against
+/// the typical pair's (red low, green at or above), failed cells black.
+pub fn heatmap_svg(nodes: u32, rows: &[PairRow], a: &Attribution) -> String {
+    let label = labels(nodes, rows);
+    let (cell, left, top) = (36, 150, 150);
+    let size = |k: u32| k * cell;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"11\">\n",
+        left + size(nodes) + 20,
+        top + size(nodes) + 40
+    );
+    let _ = writeln!(
+        s,
+        "<text x=\"4\" y=\"16\" font-size=\"13\">RDMA WRITE Gb/s, client (row) to server (column); colour: against the typical pair ({})</text>",
+        a.typical_gbps.map_or("none".into(), |g| format!("{g:.2} Gb/s"))
+    );
+    for (i, l) in label.iter().enumerate() {
+        let y = top + size(i as u32) + cell / 2 + 4;
+        let x = left + size(i as u32) + cell / 2;
+        let _ = writeln!(s, "<text x=\"{}\" y=\"{y}\" text-anchor=\"end\">{l}</text>", left - 6);
+        let _ = writeln!(s, "<text x=\"{x}\" y=\"{}\" transform=\"rotate(-60 {x} {})\">{l}</text>", top - 6, top - 6);
+    }
+    for r in rows.iter().filter(|r| !r.retest && r.client < nodes && r.server < nodes) {
+        let (x, y) = (left + size(r.server), top + size(r.client));
+        let (fill, text) = match (r.ok(), r.gbps, a.typical_gbps) {
+            (false, _, _) => ("#000000".to_string(), "fail".to_string()),
+            (true, Some(g), Some(t)) => (colour(g / t), format!("{g:.1}")),
+            _ => ("#cccccc".to_string(), String::new()),
+        };
+        let _ = writeln!(
+            s,
+            "<rect x=\"{x}\" y=\"{y}\" width=\"{cell}\" height=\"{cell}\" fill=\"{fill}\" stroke=\"#ffffff\"/>"
+        );
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" fill=\"{}\" font-size=\"9\">{text}</text>",
+            x + cell / 2,
+            y + cell / 2 + 3,
+            if r.ok() { "#000000" } else { "#ffffff" }
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Red at half the typical bandwidth or less, yellow at 0.93x, green at 1x and above.
+fn colour(ratio: f64) -> String {
+    let t = ((ratio - 0.5) / 0.5).clamp(0.0, 1.0);
+    let (r, g) =
+        if t < 0.86 { (220, (60.0 + 160.0 * t / 0.86) as u8) } else { ((220.0 * (1.0 - t) / 0.14) as u8, 200) };
+    format!("#{r:02x}{g:02x}50")
+}
+
+pub fn summary_md(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds) -> String {
+    let label = labels(nodes, rows);
+    let planned = rows.iter().filter(|r| !r.retest).count();
+    let failed = rows.iter().filter(|r| !r.retest && !r.ok()).count();
+    let retests = rows.iter().filter(|r| r.retest).count();
+    let mut s = format!(
+        "# Fleet: {nodes} nodes, {planned} pairs measured ({failed} failed), {retests} retests\n\n\
+         Typical pair: {}; best latency p50: {}.\n\n",
+        a.typical_gbps.map_or("none".into(), |g| format!("{g:.2} Gb/s")),
+        a.best_p50_us.map_or("none".into(), |p| format!("{p:.2} us"))
+    );
+    let bad_nodes = a.bad_nodes();
+    let bad_links = a.bad_links();
+    let _ = writeln!(
+        s,
+        "**Verdict: {}**\n",
+        if bad_nodes.is_empty() && bad_links.is_empty() {
+            "PASS".to_string()
+        } else {
+            format!("FAIL ({} bad node(s), {} bad link(s))", bad_nodes.len(), bad_links.len())
+        }
+    );
+    s.push_str("| node | bandwidth vs typical | z | failed partners | p50 us | verdict |\n|---|---|---|---|---|---|\n");
+    for n in &a.nodes {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {}/{} | {} | {} |",
+            label[n.node as usize],
+            n.ratio.map_or("-".into(), |r| format!("{r:.3}x")),
+            n.z.map_or("-".into(), |z| format!("{z:.1}")),
+            n.failed_partners,
+            n.partners,
+            n.p50_us.map_or("-".into(), |p| format!("{p:.1}")),
+            if n.bad {
+                format!("**bad**: {}", n.reasons.join("; "))
+            } else if n.reasons.is_empty() {
+                "ok".into()
+            } else {
+                format!("ok ({})", n.reasons.join("; "))
+            }
+        );
+    }
+    let suspect: Vec<_> = a.links.iter().filter(|l| !l.reasons.is_empty()).collect();
+    if !suspect.is_empty() {
+        s.push_str("\n| link | bandwidth vs predicted | Gb/s | p50 us | verdict |\n|---|---|---|---|---|\n");
+        for l in suspect {
+            let _ = writeln!(
+                s,
+                "| {} - {} | {} | {} | {} | {}: {} |",
+                label[l.a as usize],
+                label[l.b as usize],
+                l.ratio.map_or("-".into(), |r| format!("{r:.3}x")),
+                l.gbps.map_or("-".into(), |g| format!("{g:.2}")),
+                l.p50_us.map_or("-".into(), |p| format!("{p:.1}")),
+                if l.bad { "**bad**" } else { "not the link's fault" },
+                l.reasons.join("; ")
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\nThresholds: node below {}x or z below {}, failing against {} of its partners; link below {}x; latency above {}x the best.",
+        t.node_min_ratio, t.node_min_z, t.fail_share, t.link_min_ratio, t.latency_max_ratio
+    );
+    s
+}
+
+/// Writes every file into `dir`; returns their paths.
+pub fn write_all(dir: &Path, nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds) -> Result<Vec<String>> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::Usage(format!("cannot create {}: {e}", dir.display())))?;
+    let mut files: Vec<(String, String)> = vec![
+        (
+            "pairs.jsonl".into(),
+            rows.iter().map(|r| serde_json::to_string(r).expect("a row serialises") + "\n").collect(),
+        ),
+        ("verdict.json".into(), verdict_json(nodes, rows, a, t)),
+        ("heatmap.svg".into(), heatmap_svg(nodes, rows, a)),
+        ("summary.md".into(), summary_md(nodes, rows, a, t)),
+    ];
+    for m in METRICS {
+        files.push((format!("matrix-{m}.csv"), matrix_csv(nodes, rows, m)));
+    }
+    let mut written = Vec::new();
+    for (name, text) in files {
+        let path = dir.join(&name);
+        crate::report::file::write(&path.display().to_string(), text.as_bytes(), &name)?;
+        written.push(path.display().to_string());
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::attribution;
+    use crate::fleet::barrier::observation;
+
+    fn rows(n: u32) -> Vec<PairRow> {
+        let mut v = Vec::new();
+        for i in 0..n {
+            for j in 0..n {
+                if i == j {
+                    continue;
+                }
+                let mut r = PairRow::failed(0, 0, false, i, j, String::new());
+                (r.client_node, r.server_node) = (format!("n{i}"), format!("n{j}"));
+                if (i, j) == (2, 0) {
+                    r.error = Some("peer lost".into());
+                } else {
+                    (r.status, r.error, r.gbps, r.p50_us, r.p99_us) =
+                        ("ok".into(), None, Some(if i == 1 || j == 1 { 40.0 } else { 100.0 }), Some(5.0), Some(9.0));
+                }
+                v.push(r);
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn matrices_are_labelled_by_node_and_mark_failures() {
+        let r = rows(4);
+        let csv = matrix_csv(4, &r, "gbps");
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines[0], "client/server,n0,n1,n2,n3");
+        assert_eq!(lines[1], "n0,,40.000,100.000,100.000");
+        assert!(lines[3].starts_with("n2,failed,40.000,,"), "{csv}");
+    }
+
+    #[test]
+    fn the_verdict_names_the_slow_node_in_every_output() {
+        let r = rows(5);
+        let t = Thresholds::default();
+        let a = attribution::judge(5, &r.iter().map(observation).collect::<Vec<_>>(), &t);
+        assert_eq!(a.bad_nodes(), [1]);
+        let v: serde_json::Value = serde_json::from_str(&verdict_json(5, &r, &a, &t)).unwrap();
+        assert_eq!((v["verdict"].as_str(), v["bad_nodes"][0].as_str()), (Some("fail"), Some("n1")));
+        let md = summary_md(5, &r, &a, &t);
+        assert!(md.contains("| n1 | 0.400x") && md.contains("**bad**"), "{md}");
+        let svg = heatmap_svg(5, &r, &a);
+        roxmltree::Document::parse(&svg).unwrap();
+        assert!(svg.contains(">fail<") && svg.contains(">n1<"));
+    }
+
+    #[test]
+    fn two_nodes_of_one_name_get_their_index() {
+        let mut r = rows(3);
+        r.iter_mut().for_each(|x| {
+            x.client_node = "same".into();
+            x.server_node = "same".into();
+        });
+        assert_eq!(labels(3, &r), ["same#0", "same#1", "same#2"]);
+        assert_eq!(labels(2, &[]), ["node-0", "node-1"]);
+    }
+}
