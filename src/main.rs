@@ -5,7 +5,7 @@ use clap::Parser;
 use rdmabench::bench::runner;
 use rdmabench::cli::{Cli, Command, DocsCommand, K8sCommand, RunArgs, TestArgs, docs};
 use rdmabench::spec::{Measure, Operation};
-use rdmabench::{Result, k8s, regress, report, signals, validate, verbs, workload};
+use rdmabench::{Result, fleet, k8s, regress, report, signals, validate, verbs, workload};
 
 fn run_test(operation: Operation, measure: Measure, args: &TestArgs) -> Result<()> {
     let opts = args.options()?;
@@ -37,6 +37,15 @@ fn run_workload(args: &RunArgs, out: &mut dyn std::io::Write) -> Result<()> {
         allow_env_mismatch: args.allow_env_mismatch,
     };
     workload::run::client(&plan, out).map(drop)
+}
+
+/// The fleet workload at `path`, or the shipped one.
+fn fleet_file(path: Option<&str>) -> Result<fleet::config::FleetFile> {
+    match path {
+        Some(p) => fleet::config::FleetFile::load(p),
+        None => fleet::config::FleetFile::parse(fleet::config::SHIPPED, "all-pairs.toml"),
+    }
+    .map_err(rdmabench::Error::Usage)
 }
 
 fn k8s_command(command: K8sCommand, out: &mut dyn std::io::Write) -> Result<()> {
@@ -107,7 +116,33 @@ fn run(cli: Cli) -> Result<()> {
         Command::Compare(args) => regress::command::compare(&args.request(), out),
         Command::Plot(args) => report::plot::command(&args.request()),
         Command::K8s { command } => k8s_command(command, out),
+        Command::Summarize(a) if a.fleet.is_some() => {
+            let thresholds = fleet_file(a.workload.as_deref())?.thresholds;
+            let plan = fleet::schedule::Plan {
+                nodes: a.pods.expect("clap requires --pods with --fleet"),
+                directions: a.directions,
+                max_pairs_per_round: None,
+            };
+            k8s::summarize::all_pairs(&a.logs, &plan, &thresholds, a.out.as_deref(), a.json, out)
+        }
         Command::Summarize(a) => k8s::summarize::command(&a.logs, a.pods.map(|n| (n, a.topology)), a.json, out),
+        Command::Fleet(a) => {
+            let file = fleet_file(a.workload.as_deref())?;
+            let cfg = fleet::node::NodeConfig {
+                index: a.index,
+                plan: fleet::schedule::Plan {
+                    nodes: a.pods,
+                    directions: a.directions,
+                    max_pairs_per_round: a.max_pairs_per_round,
+                },
+                peers: a.peer_addresses()?,
+                port: a.conn.port,
+                measure: file.measure,
+                thresholds: file.thresholds,
+                join_timeout: std::time::Duration::from_secs_f64(a.conn.connect_timeout.max(1.0)),
+            };
+            fleet::command(&cfg, &a.conn.run_options(true)?, out)
+        }
         Command::Completions { shell } => write_all(out, &docs::completions(shell)),
         Command::Docs { what: DocsCommand::Man } => write_all(out, &docs::man_page()),
         Command::Docs { what: DocsCommand::Readme { file } } => {

@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::bench::runner::{RailOptions, RunOptions};
 use crate::error::{Error, Result};
+use crate::fleet::schedule::Directions;
 use crate::k8s::RenderRequest;
 use crate::k8s::fleet::Topology;
 use crate::k8s::manifest::Placement;
@@ -62,8 +63,12 @@ pub enum Command {
         command: K8sCommand,
     },
     /// Summarise a fleet's results from its pods' logs (RDMABENCH_RESULT lines): failing
-    /// and missing links first, then the slowest.
+    /// and missing links first, then the slowest. With --fleet all-pairs: the pairs'
+    /// RDMABENCH_PAIR lines, the bad nodes and links named, the matrices written.
     Summarize(SummarizeArgs),
+    /// One node of an all-pairs fleet: serves its partners, measures its own pair in each
+    /// round, keeps step through node 0 (which keeps the barrier and prints the verdict).
+    Fleet(FleetArgs),
     /// RDMA WRITE latency (ping-pong, one-way = round trip / 2), like ib_write_lat.
     WriteLat(TestArgs),
     /// RDMA WRITE bandwidth and message rate, like ib_write_bw.
@@ -118,6 +123,7 @@ impl Command {
             | Command::Plot(_)
             | Command::K8s { .. }
             | Command::Summarize(_)
+            | Command::Fleet(_)
             | Command::Completions { .. }
             | Command::Docs { .. } => return None,
             Command::WriteLat(a) => (Operation::Write, Measure::Latency, a),
@@ -706,6 +712,67 @@ pub struct SummarizeArgs {
     /// JSON instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// An all-pairs fleet (`rdmabench fleet`): attribute to nodes and links.
+    #[arg(long, value_enum, requires = "pods")]
+    pub fleet: Option<FleetKind>,
+    /// With --fleet: the directions the fleet measured (for the pairs it should have).
+    #[arg(long, value_enum, default_value = "one")]
+    pub directions: Directions,
+    /// With --fleet: the workload whose [thresholds] judge (default: the shipped all-pairs.toml).
+    #[arg(long, value_name = "FILE")]
+    pub workload: Option<String>,
+    /// With --fleet: write pairs.jsonl, matrix-*.csv, verdict.json, heatmap.svg and summary.md here.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+}
+
+/// The kinds of fleet `summarize --fleet` and `k8s render --fleet` know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FleetKind {
+    AllPairs,
+}
+
+#[derive(Args, Debug)]
+pub struct FleetArgs {
+    /// This node's index, 0..N-1 (node 0 keeps the barrier and prints the verdict).
+    #[arg(long)]
+    pub index: u32,
+    /// Nodes in the fleet.
+    #[arg(long, value_name = "N")]
+    pub pods: u32,
+    /// Every node's control address: a comma-separated list of N, or one name with `{i}`
+    /// for the index (`job-{i}.svc`). Node i serves on -p + i; the barrier is on -p + N.
+    #[arg(long, value_name = "LIST|TEMPLATE")]
+    pub peers: String,
+    /// `one`: the lower index measures against the higher; `both`: each way.
+    #[arg(long, value_enum, default_value = "one")]
+    pub directions: Directions,
+    /// At most this many pairs measure at once (default: every pair of a round).
+    #[arg(long, value_name = "N")]
+    pub max_pairs_per_round: Option<u32>,
+    /// The fleet workload ([measure], [thresholds]); default: the shipped all-pairs.toml.
+    #[arg(long, value_name = "FILE")]
+    pub workload: Option<String>,
+    #[command(flatten)]
+    pub conn: ConnectionArgs,
+}
+
+impl FleetArgs {
+    /// Every node's address, from the list or the template.
+    pub fn peer_addresses(&self) -> Result<Vec<String>> {
+        if self.peers.contains("{i}") {
+            return Ok((0..self.pods).map(|i| self.peers.replace("{i}", &i.to_string())).collect());
+        }
+        let list: Vec<String> = self.peers.split(',').map(|s| s.trim().to_string()).collect();
+        if list.len() != self.pods as usize || list.iter().any(String::is_empty) {
+            return Err(Error::Usage(format!(
+                "--peers has {} addresses for --pods {}: give one per node, comma-separated, or a name with {{i}}",
+                list.len(),
+                self.pods
+            )));
+        }
+        Ok(list)
+    }
 }
 
 /// `5%`, `5` or `2.5%`: percent.

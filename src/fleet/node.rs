@@ -207,13 +207,8 @@ fn note_peer(row: &mut PairRow, run: &RunResult) {
     };
 }
 
-/// Node 0's last words: the rows its barrier recorded for nodes that could not (their
-/// client left), so the logs hold every pair.
-pub fn orphan_rows(outcome: &Outcome, mine: &[PairRow]) -> Vec<PairRow> {
-    outcome
-        .rows
-        .iter()
-        .filter(|r| r.error.is_some() && !mine.contains(r) && r.devices.is_empty() && r.client_node.is_empty())
-        .cloned()
-        .collect()
+/// Node 0's last words: the rows its barrier recorded for pairs whose client left the
+/// fleet before it could report them, so the logs hold every pair.
+pub fn orphan_rows(outcome: &Outcome) -> Vec<PairRow> {
+    outcome.rows.iter().filter(|r| r.client_node.is_empty()).cloned().collect()
 }

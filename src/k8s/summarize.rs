@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 
 use super::fleet::{self, Topology};
 use crate::error::{Error, Result};
+use crate::fleet::attribution::{self, Thresholds};
+use crate::fleet::output;
+use crate::fleet::schedule::Plan;
+use crate::report::pairs::{PAIR_MARK, PairRow};
 use crate::report::run::RunDocument;
 use crate::units::Sig;
 
@@ -91,33 +95,107 @@ fn log_prefix(prefix: &str) -> bool {
 /// after at most a `kubectl logs` prefix. A marker elsewhere in a line is refused, and so
 /// is a second record for the same (pod, peer): logs collected twice, or a forged line.
 pub fn parse(reader: impl BufRead) -> Result<Vec<PodResult>> {
-    let mut out: Vec<PodResult> = Vec::new();
+    records(reader, MARK, |r: &PodResult| (r.pod, r.peer, 0, false), "result for pod {0} -> pod {1}")
+}
+
+/// The records after `mark` in the logs, each with a `key` that no two may share (the
+/// message names it by `what`, with {0} and {1} its first two parts).
+fn records<T: serde::de::DeserializeOwned>(
+    reader: impl BufRead,
+    mark: &str,
+    key: impl Fn(&T) -> (u32, u32, u32, bool),
+    what: &str,
+) -> Result<Vec<T>> {
+    let mut out: Vec<T> = Vec::new();
     let mut seen = std::collections::BTreeMap::new();
     for (n, line) in reader.lines().enumerate() {
         let line = line.map_err(|e| Error::Usage(format!("cannot read the logs: {e}")))?;
-        let Some(at) = line.find(MARK) else { continue };
+        let Some(at) = line.find(mark) else { continue };
         if !log_prefix(&line[..at]) {
             return Err(Error::Usage(format!(
-                "line {}: {MARK}after other text ({:?}): not a result record of a pod; summarize reads `kubectl logs` \
+                "line {}: {mark}after other text ({:?}): not a result record of a pod; summarize reads `kubectl logs` \
                  output, optionally with --timestamps or --prefix",
                 n + 1,
                 line[..at].chars().take(60).collect::<String>()
             )));
         }
-        let r: PodResult = serde_json::from_str(&line[at + MARK.len()..])
-            .map_err(|e| Error::Usage(format!("line {}: a malformed {MARK}line: {e}", n + 1)))?;
-        if let Some(first) = seen.insert((r.pod, r.peer), n + 1) {
+        let r: T = serde_json::from_str(&line[at + mark.len()..])
+            .map_err(|e| Error::Usage(format!("line {}: a malformed {mark}line: {e}", n + 1)))?;
+        let k = key(&r);
+        if let Some(first) = seen.insert(k, n + 1) {
+            let what = what.replace("{0}", &k.0.to_string()).replace("{1}", &k.1.to_string());
             return Err(Error::Usage(format!(
-                "line {}: a second result for pod {} -> pod {} (the first is on line {first}): the logs hold it twice \
-                 (collected twice?) or a line is forged",
-                n + 1,
-                r.pod,
-                r.peer
+                "line {}: a second {what} (the first is on line {first}): the logs hold it twice (collected twice?) \
+                 or a line is forged",
+                n + 1
             )));
         }
         out.push(r);
     }
     Ok(out)
+}
+
+/// Reads every log of `paths` (`-`: stdin) with `parse`.
+fn read_logs<T>(paths: &[String], parse: impl Fn(&mut dyn BufRead) -> Result<Vec<T>>) -> Result<Vec<T>> {
+    let mut all = Vec::new();
+    for p in paths {
+        if p == "-" {
+            all.extend(parse(&mut std::io::stdin().lock())?);
+        } else {
+            let f = std::fs::File::open(p).map_err(|e| Error::Usage(format!("cannot read {p}: {e}")))?;
+            all.extend(parse(&mut std::io::BufReader::new(f))?);
+        }
+    }
+    Ok(all)
+}
+
+/// `summarize --fleet all-pairs`: every pair's `RDMABENCH_PAIR` line from the pods' logs
+/// (a pair the plan has and no log does is a failed pair), the bad nodes and links named,
+/// and with `out` the matrices, verdict, heat map and summary written there. Err (exit 1)
+/// when anything is bad.
+pub fn all_pairs(
+    paths: &[String],
+    plan: &Plan,
+    t: &Thresholds,
+    out_dir: Option<&std::path::Path>,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<()> {
+    plan.check().map_err(Error::Usage)?;
+    let mut rows: Vec<PairRow> = read_logs(paths, |r| {
+        records(r, PAIR_MARK, |p: &PairRow| (p.client, p.server, p.step, p.retest), "pair {0} -> {1} of one step")
+    })?;
+    for r in &rows {
+        r.check(plan.nodes).map_err(|e| Error::Usage(format!("a {PAIR_MARK}line: {e}")))?;
+    }
+    if rows.is_empty() {
+        return Err(Error::Usage(format!(
+            "no {PAIR_MARK}lines in {}; pass every pod's log (kubectl logs -l batch.kubernetes.io/job-name=JOB --tail=-1)",
+            paths.join(", ")
+        )));
+    }
+    for step in plan.steps() {
+        for p in step.pairs {
+            if !rows.iter().any(|r| !r.retest && (r.client, r.server) == (p.client, p.server)) {
+                let why = "no result in the logs (the pod was lost, or its log was not collected)".to_string();
+                rows.push(PairRow::failed(step.index, step.round, false, p.client, p.server, why));
+            }
+        }
+    }
+    let observations: Vec<_> = rows.iter().map(crate::fleet::barrier::observation).collect();
+    let a = attribution::judge(plan.nodes, &observations, t);
+    if let Some(dir) = out_dir {
+        for f in output::write_all(dir, plan.nodes, &rows, &a, t)? {
+            eprintln!("rdmabench: wrote {f}");
+        }
+    }
+    let text = if json {
+        output::verdict_json(plan.nodes, &rows, &a, t)
+    } else {
+        output::summary_md(plan.nodes, &rows, &a, t)
+    };
+    out.write_all(text.as_bytes()).map_err(|e| Error::Environment(format!("cannot write: {e}")))?;
+    crate::fleet::verdict_of(&a)
 }
 
 fn first_metric(run: &RunDocument, metric: &str) -> Option<f64> {
@@ -291,15 +369,7 @@ pub fn print(rows: &[Link], out: &mut dyn Write) -> Result<()> {
 /// The command: reads `paths` (`-` for stdin), prints the table (or JSON), Err when a
 /// link failed or is missing.
 pub fn command(paths: &[String], expect: Option<(u32, Topology)>, json: bool, out: &mut dyn Write) -> Result<()> {
-    let mut results = Vec::new();
-    for p in paths {
-        if p == "-" {
-            results.extend(parse(std::io::stdin().lock())?);
-        } else {
-            let f = std::fs::File::open(p).map_err(|e| Error::Usage(format!("cannot read {p}: {e}")))?;
-            results.extend(parse(std::io::BufReader::new(f))?);
-        }
-    }
+    let results = read_logs(paths, |r| parse(r))?;
     let expected = match expect {
         Some((pods, topology)) => Some(fleet::links(pods, topology).map_err(Error::Usage)?),
         None => None,
