@@ -2390,3 +2390,318 @@ max_rail_spread = "$spread"
         c.stdout
     );
 }
+
+// ---- All-pairs fleets on one switch (lab/run --nodes 6: rxen0..rxen5 on bridge br0) ----
+
+/// Node k's address on the lab's switch.
+fn node_addr(k: u32) -> String {
+    format!("10.88.0.{}", 10 + k)
+}
+
+/// A fleet workload small enough for the lab, with these `[thresholds]` lines. The lab's
+/// pairs vary by +-15 % between repeats under emulation (real fleets agree to about 1 %),
+/// so the tests judge with looser ratios and a z-score that leaves it to them, and
+/// disturb the fleet by far more than that.
+fn lab_fleet_workload(dir: &tempfile::TempDir) -> String {
+    let path = json_file(dir, "fleet.toml");
+    std::fs::write(
+        &path,
+        "name = \"lab-fleet\"\n[measure]\nbw_size = 65536\nbw_qps = 2\nbw_iterations = 300\nlat_size = 2\n\
+         lat_iterations = 300\nwarmup = 20\nrepeats = 3\n[thresholds]\nnode_min_ratio = 0.6\nlink_min_ratio = 0.6\n\
+         node_min_z = -8.0\nlatency_max_ratio = 4.0\n",
+    )
+    .unwrap();
+    path
+}
+
+/// A started node whose output is read as it comes (a fleet prints more than a pipe holds).
+struct Node {
+    child: Child,
+    stdout: std::thread::JoinHandle<String>,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+impl Node {
+    fn start(mut child: Child) -> Node {
+        let drain = |mut r: Box<dyn Read + Send>| {
+            std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = r.read_to_string(&mut s);
+                s
+            })
+        };
+        let stdout = drain(Box::new(child.stdout.take().unwrap()));
+        let stderr = drain(Box::new(child.stderr.take().unwrap()));
+        Node { child, stdout, stderr }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits at most `limit`; kills it and fails the test beyond that.
+    fn finish(mut self, limit: Duration) -> Out {
+        let start = Instant::now();
+        let status = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break st;
+            }
+            if start.elapsed() > limit {
+                self.kill();
+                panic!("a fleet node did not finish within {limit:?}: {}", self.stderr.join().unwrap());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        use std::os::unix::process::ExitStatusExt;
+        let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+        Out { code, stdout: self.stdout.join().unwrap(), stderr: self.stderr.join().unwrap() }
+    }
+}
+
+/// Starts nodes 0..n of a fleet, each in its own view: a UTS namespace named `node-k` and
+/// a mount namespace with only rxen<k> (as a pod of its own would see), `-d all`.
+fn start_fleet(n: u32, base: &str, workload: &str, extra: &[&str]) -> Vec<Node> {
+    let peers: Vec<String> = (0..n).map(node_addr).collect();
+    let peers = peers.join(",");
+    let pods = n.to_string();
+    (0..n)
+        .map(|k| {
+            let mut view = host_named(&format!("node-{k}"));
+            view.extend(pod_view(&[&format!("rxen{k}")]));
+            let index = k.to_string();
+            let mut args =
+                vec!["fleet", "--index", &index, "--pods", &pods, "--peers", &peers, "-d", "all", "-p", base];
+            args.extend(["--timeout", "5", "--connect-timeout", "60", "--workload", workload]);
+            args.extend_from_slice(extra);
+            Node::start(spawn_in(&view, &args))
+        })
+        .collect()
+}
+
+/// Ports for a fleet of `n`: n nodes and the barrier.
+fn fleet_ports(n: u32) -> String {
+    let base = next_port();
+    (0..n).for_each(|_| {
+        next_port();
+    });
+    base
+}
+
+/// Every `RDMABENCH_PAIR` row in the nodes' outputs.
+fn pair_rows(outs: &[Out]) -> Vec<Value> {
+    outs.iter()
+        .flat_map(|o| o.stdout.lines())
+        .filter_map(|l| l.strip_prefix("RDMABENCH_PAIR "))
+        .map(|j| serde_json::from_str(j).unwrap())
+        .collect()
+}
+
+/// `summarize --fleet all-pairs` of the nodes' logs, with its output folder.
+fn summarize_fleet(outs: &[Out], n: u32, dir: &tempfile::TempDir, workload: &str, extra: &[&str]) -> (Out, Value) {
+    let log = dir.path().join("nodes.log");
+    std::fs::write(&log, outs.iter().map(|o| o.stdout.as_str()).collect::<Vec<_>>().join("\n")).unwrap();
+    let out_dir = dir.path().join("fleet");
+    let pods = n.to_string();
+    let mut args = vec![
+        "summarize",
+        "--fleet",
+        "all-pairs",
+        "--pods",
+        &pods,
+        "--workload",
+        workload,
+        "--out",
+        out_dir.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    args.push(log.to_str().unwrap());
+    let s = run(&args);
+    let verdict: Value = serde_json::from_str(&std::fs::read_to_string(out_dir.join("verdict.json")).unwrap()).unwrap();
+    (s, verdict)
+}
+
+#[test]
+fn lab_nodes_00_six_nodes_on_one_switch() {
+    let out = run(&["devices", "--json"]);
+    let devs: Value = serde_json::from_str(&out.stdout).unwrap();
+    let mut names: Vec<&str> = devs.as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["rxen0", "rxen1", "rxen2", "rxen3", "rxen4", "rxen5"]);
+}
+
+/// Five nodes (odd: one rests each round), both directions: every ordered pair exactly
+/// once, no node in two pairs of a step, five rounds a direction; then six (even) with at
+/// most two pairs at a time. Every output file is written and the healthy fleet passes.
+#[test]
+fn lab_nodes_all_pairs_are_covered_once_per_direction_and_no_node_is_in_two_pairs_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let workload = lab_fleet_workload(&dir);
+    for (n, extra) in [(5u32, vec!["--directions", "both"]), (6, vec!["--max-pairs-per-round", "2"])] {
+        let base = fleet_ports(n);
+        let t = Instant::now();
+        let nodes = start_fleet(n, &base, &workload, &extra);
+        let outs: Vec<Out> = nodes.into_iter().map(|c| c.finish(Duration::from_secs(600))).collect();
+        eprintln!("{n} nodes {extra:?}: {:.1} s", t.elapsed().as_secs_f64());
+        for (k, o) in outs.iter().enumerate() {
+            assert_eq!(o.code, 0, "node {k}:\n{}\n{}", o.stdout, o.stderr);
+        }
+        let rows = pair_rows(&outs);
+        let mut seen = std::collections::BTreeSet::new();
+        let mut busy: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
+        for r in &rows {
+            assert_eq!(r["status"], "ok", "{r}");
+            assert!(r["gbps"].as_f64().unwrap() > 0.0 && r["p50_us"].as_f64().unwrap() > 0.0, "{r}");
+            let (c, s) = (r["client"].as_u64().unwrap(), r["server"].as_u64().unwrap());
+            assert_eq!(r["client_node"], format!("node-{c}").as_str());
+            assert_eq!(r["server_node"], format!("node-{s}").as_str());
+            assert_eq!(r["devices"][0], format!("rxen{c}").as_str(), "each node on its own NIC: {r}");
+            assert!(seen.insert((c, s)), "{c} -> {s} twice");
+            let step = busy.entry(r["step"].as_u64().unwrap()).or_default();
+            assert!(!step.contains(&c) && !step.contains(&s), "a node in two pairs of step {}: {r}", r["step"]);
+            step.extend([c, s]);
+        }
+        let directed = (n * (n - 1)) as usize;
+        assert_eq!(seen.len(), if n == 5 { directed } else { directed / 2 }, "{seen:?}");
+        let steps = busy.len();
+        assert_eq!(steps, 10, "5 rounds x 2 directions; 5 rounds x 2 steps of <= 2 pairs");
+        let (s, verdict) =
+            summarize_fleet(&outs, n, &dir, &workload, if n == 5 { &["--directions", "both"] } else { &[] });
+        assert_eq!(s.code, 0, "{}\n{}", s.stdout, s.stderr);
+        assert_eq!(verdict["verdict"], "pass", "{verdict}");
+        let csv = std::fs::read_to_string(dir.path().join("fleet/matrix-gbps.csv")).unwrap();
+        assert_eq!(
+            csv.lines().next().unwrap(),
+            (0..n).fold("client/server".to_string(), |a, k| format!("{a},node-{k}"))
+        );
+        assert_eq!(csv.lines().count(), n as usize + 1);
+        for f in ["pairs.jsonl", "matrix-p50_us.csv", "matrix-p99_us.csv", "heatmap.svg", "summary.md"] {
+            assert!(dir.path().join("fleet").join(f).exists(), "{f}");
+        }
+        roxmltree::Document::parse(&std::fs::read_to_string(dir.path().join("fleet/heatmap.svg")).unwrap()).unwrap();
+    }
+}
+
+/// Runs `cmd` in the guest (tc, for the fleet's disturbances).
+fn sh(cmd: &str) {
+    let st = Command::new("sh").args(["-c", cmd]).status().unwrap();
+    assert!(st.success(), "{cmd}");
+}
+
+/// Queueing disciplines on node ports for the length of a test: `setup` now, and the
+/// ports' root qdiscs removed however the test ends.
+struct Qdiscs(Vec<String>);
+
+impl Qdiscs {
+    fn on(ports: &[&str], setup: &str) -> Qdiscs {
+        let q = Qdiscs(ports.iter().map(|p| p.to_string()).collect());
+        sh(&format!("modprobe sch_netem 2>/dev/null; {setup}"));
+        q
+    }
+}
+
+impl Drop for Qdiscs {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = Command::new("tc").args(["qdisc", "del", "dev", p, "root"]).status();
+        }
+    }
+}
+
+/// A rate limit on node 3's port, both ways: node 3 is named bad (confirmed by a retest
+/// against a known-good node), none of its links is, and node 0 exits 1.
+#[test]
+fn lab_nodes_a_node_with_a_slow_port_is_named_as_the_bad_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let workload = lab_fleet_workload(&dir);
+    let slow = Qdiscs::on(
+        &["n3", "s3"],
+        "tc qdisc add dev n3 root netem rate 100mbit && tc qdisc add dev s3 root netem rate 100mbit",
+    );
+    let base = fleet_ports(5);
+    let nodes = start_fleet(5, &base, &workload, &["--max-pairs-per-round", "1"]);
+    let outs: Vec<Out> = nodes.into_iter().map(|c| c.finish(Duration::from_secs(600))).collect();
+    drop(slow);
+    assert_eq!(outs[0].code, 1, "node 0 judges the fleet bad:\n{}\n{}", outs[0].stdout, outs[0].stderr);
+    for (k, o) in outs.iter().enumerate().skip(1) {
+        assert_eq!(o.code, 0, "node {k}:\n{}", o.stderr);
+    }
+    let rows = pair_rows(&outs);
+    assert!(rows.iter().any(|r| r["retest"] == true && r["client"] == 3), "node 3 was retested: {rows:?}");
+    let (s, verdict) = summarize_fleet(&outs, 5, &dir, &workload, &[]);
+    assert_eq!(s.code, 1, "{}\n{}", s.stdout, s.stderr);
+    assert_eq!(verdict["bad_nodes"], serde_json::json!(["node-3"]), "{verdict}");
+    assert_eq!(verdict["bad_links"], serde_json::json!([]), "{verdict}");
+    assert!(s.stdout.contains("confirmed: retest 3 ->"), "{}", s.stdout);
+}
+
+/// One degraded path (a tc filter on node 1's port, for node 4's address only): the link
+/// 1-4 is named bad, neither node is.
+#[test]
+fn lab_nodes_one_degraded_path_is_named_as_a_bad_link_not_a_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let workload = lab_fleet_workload(&dir);
+    // Every port gets the same classifier (its cost under emulation is the same for all);
+    // only node 1's sends the path to node 4 through a rate limit.
+    let ports = ["n0", "n1", "n2", "n3", "n4"];
+    let classify: Vec<String> = ports
+        .iter()
+        .map(|p| format!("tc qdisc add dev {p} root handle 1: prio bands 3 priomap 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1"))
+        .collect();
+    let path = Qdiscs::on(
+        &ports,
+        &format!(
+            "{} && tc qdisc add dev n1 parent 1:3 handle 30: netem rate 150mbit && \
+             tc filter add dev n1 parent 1: protocol ip u32 match ip dst 10.88.0.14/32 flowid 1:3",
+            classify.join(" && ")
+        ),
+    );
+    let base = fleet_ports(5);
+    let nodes = start_fleet(5, &base, &workload, &["--max-pairs-per-round", "1"]);
+    let outs: Vec<Out> = nodes.into_iter().map(|c| c.finish(Duration::from_secs(600))).collect();
+    drop(path);
+    let rows = pair_rows(&outs);
+    let slow = rows.iter().find(|r| r["client"] == 1 && r["server"] == 4 && r["retest"] == false).unwrap();
+    let fast = rows.iter().find(|r| r["client"] == 1 && r["server"] == 3 && r["retest"] == false).unwrap();
+    eprintln!("1 -> 4: {} Gb/s, 1 -> 3: {} Gb/s", slow["gbps"], fast["gbps"]);
+    let (s, verdict) = summarize_fleet(&outs, 5, &dir, &workload, &[]);
+    assert_eq!(s.code, 1, "{}\n{}", s.stdout, s.stderr);
+    assert_eq!(verdict["bad_links"], serde_json::json!([["node-1", "node-4"]]), "{verdict}\n{}", s.stdout);
+    assert_eq!(verdict["bad_nodes"], serde_json::json!([]), "{verdict}\n{}", s.stdout);
+    assert_eq!(outs[0].code, 1, "{}", outs[0].stderr);
+}
+
+/// A node killed mid-fleet: the barrier names it, its pairs are failed (in flight: within
+/// the run's timeout; later ones at once), every other pair is kept, and the verdict names
+/// it as the bad node.
+#[test]
+fn lab_nodes_a_node_that_dies_mid_fleet_is_named_and_the_others_results_are_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let workload = lab_fleet_workload(&dir);
+    let base = fleet_ports(5);
+    let t = Instant::now();
+    let mut nodes = start_fleet(5, &base, &workload, &[]);
+    std::thread::sleep(Duration::from_secs(8));
+    nodes.remove(2).kill();
+    let outs: Vec<Out> = nodes.into_iter().map(|c| c.finish(Duration::from_secs(600))).collect();
+    eprintln!("the fleet without node 2 ended {:.1} s after its start", t.elapsed().as_secs_f64());
+    assert_eq!(outs[0].code, 1, "{}\n{}", outs[0].stdout, outs[0].stderr);
+    assert!(
+        outs[0].stderr.contains("fleet: node 2 left the fleet at step"),
+        "the barrier names it: {}",
+        outs[0].stderr
+    );
+    for (k, o) in outs.iter().enumerate().skip(1) {
+        assert_eq!(o.code, 0, "node {k} goes on: {}", o.stderr);
+    }
+    let rows = pair_rows(&outs);
+    let with_2 = |r: &&Value| r["client"] == 2 || r["server"] == 2;
+    let others: Vec<&Value> = rows.iter().filter(|r| !with_2(r)).collect();
+    assert_eq!(others.len(), 6, "every pair of the four others: {rows:?}");
+    assert!(others.iter().all(|r| r["status"] == "ok"), "{others:?}");
+    let (s, verdict) = summarize_fleet(&outs, 5, &dir, &workload, &[]);
+    assert_eq!(s.code, 1, "{}", s.stdout);
+    assert_eq!(verdict["bad_nodes"], serde_json::json!(["node-2"]), "{verdict}");
+    assert_eq!(verdict["bad_links"], serde_json::json!([]), "{verdict}");
+    assert!(s.stdout.contains("failed against") && s.stdout.contains("of its 4 partners"), "{}", s.stdout);
+}
