@@ -221,8 +221,8 @@ fn fill_missing(step: u32, round: u32, retest: bool, pairs: &[Pair], out: &mut O
 }
 
 /// The retests, in steps where no node is in two pairs: each suspect node against the
-/// best node that is not suspect, each suspect link again. A node that only failed (left
-/// the fleet, or failed against half its partners) is not retested: that is no noise.
+/// best node that is not suspect, each suspect link again. A node bad only for its
+/// failures (it left the fleet, or failed against half its partners) is not retested.
 fn retest_steps(nodes: u32, out: &Outcome, t: &Thresholds) -> Vec<Vec<Pair>> {
     let planned: Vec<Observation> = out.rows.iter().filter(|r| !r.retest).map(observation).collect();
     let a = attribution::attribute(nodes, &planned, t);
@@ -234,7 +234,8 @@ fn retest_steps(nodes: u32, out: &Outcome, t: &Thresholds) -> Vec<Vec<Pair>> {
         g.iter().map(|n| n.node).collect()
     };
     let mut pairs = Vec::new();
-    for n in a.nodes.iter().filter(|n| n.bad && n.failed_partners == 0 && alive(n.node)) {
+    let slow = |n: &&attribution::NodeVerdict| n.reasons.iter().any(|r| !r.starts_with("failed against"));
+    for n in a.nodes.iter().filter(|n| n.bad && alive(n.node)).filter(slow) {
         if let Some(&g) = good.first() {
             pairs.push(Pair { client: n.node, server: g });
         }
