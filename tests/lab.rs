@@ -1320,6 +1320,15 @@ fn lab_fleet_ring_of_three_pods_summarized() {
     assert!(s.stdout.contains("FAILED: no result") && s.stderr.contains("2 -> 0"), "{}\n{}", s.stdout, s.stderr);
 }
 
+/// The Job of `k8s render ARGS` (its second document, after the Service).
+fn rendered_job(args: &[&str]) -> Value {
+    let mut all = vec!["k8s", "render"];
+    all.extend_from_slice(args);
+    let render = run(&all);
+    assert_eq!(render.code, 0, "{}", render.stderr);
+    render.stdout.split("\n---\n").map(|d| serde_norway::from_str::<Value>(d).unwrap()).nth(1).unwrap()
+}
+
 // ---- Hosts with names that are no DNS names ----
 
 /// A UTS namespace whose kernel host name (what `uname -n` prints) is `name`: a prefix for
@@ -1445,11 +1454,7 @@ fn lab_a_server_named_none_defuses_what_peers_call_themselves_and_serves_a_workl
 /// `run --serve`, the result line, and `summarize` of the pods' logs naming both nodes.
 #[test]
 fn lab_a_job_on_nodes_named_none_runs_and_is_summarized() {
-    let render =
-        run(&["k8s", "render", "--platform", "vke", "--mode", "exclusive", "--nics", "1", "--workload", "smoke"]);
-    assert_eq!(render.code, 0, "{}", render.stderr);
-    let job: Value =
-        render.stdout.split("\n---\n").map(|d| serde_norway::from_str::<Value>(d).unwrap()).nth(1).unwrap();
+    let job = rendered_job(&["--platform", "vke", "--mode", "exclusive", "--nics", "1", "--workload", "smoke"]);
     let container = &job["spec"]["template"]["spec"]["containers"][0];
     let dir = tempfile::tempdir().unwrap();
     let base = next_port();
@@ -2288,11 +2293,7 @@ fn pod(wrap: &[String], container: &Value, i: usize, base_port: &str, dir: &std:
 /// rail, and `summarize` names and ranks the rails.
 #[test]
 fn lab_rails_a_two_nic_job_measures_both_rails_pod_to_pod() {
-    let render =
-        run(&["k8s", "render", "--platform", "vke", "--mode", "exclusive", "--nics", "2", "--workload", "smoke"]);
-    assert_eq!(render.code, 0, "{}", render.stderr);
-    let job: Value =
-        render.stdout.split("\n---\n").map(|d| serde_norway::from_str::<Value>(d).unwrap()).nth(1).unwrap();
+    let job = rendered_job(&["--platform", "vke", "--mode", "exclusive", "--nics", "2", "--workload", "smoke"]);
     let container = &job["spec"]["template"]["spec"]["containers"][0];
     let dir = tempfile::tempdir().unwrap();
     let base = next_port();
