@@ -492,7 +492,11 @@ fn captured_hello(args: &[&str]) -> String {
     a.extend(["-p", &port, "--timeout", "2", "127.0.0.1"]);
     let client = spawn(&a);
     let (mut s, _) = l.accept().unwrap();
-    s.write_all(&frame(r#"{"type":"greeting","magic":"rdmabench","version":3,"nonce":"00"}"#)).unwrap();
+    let greeting = format!(
+        r#"{{"type":"greeting","magic":"rdmabench","version":{},"nonce":"00"}}"#,
+        rdmabench::session::proto::PROTOCOL_VERSION
+    );
+    s.write_all(&frame(&greeting)).unwrap();
     let hello = read_frame(&mut s);
     drop(s);
     let _ = finish(client, Duration::from_secs(30));

@@ -87,7 +87,8 @@ impl RunOptions {
     }
 
     /// The server's door on `--bind`/`-p`, requiring the token when one is set.
-    fn door(&self) -> Result<Door> {
+    /// This side's control port, listening (a port in use fails here, exit 3).
+    pub fn door(&self) -> Result<Door> {
         Door::bind(self.bind, self.tcp_port, self.token.clone(), self.timeout)
     }
 
@@ -595,7 +596,12 @@ pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult>
 /// authenticated client says it has finished, or a signal. A failed or hostile session is
 /// logged and the next awaited: the client owns the verdict.
 pub fn serve_workload(opts: &RunOptions) -> Result<()> {
-    let door = opts.door()?;
+    serve_workload_at(opts.door()?, opts)
+}
+
+/// [`serve_workload`] at a door already open (a fleet node binds before it joins, so a
+/// port in use stops it at once).
+pub fn serve_workload_at(door: Door, opts: &RunOptions) -> Result<()> {
     loop {
         match door.next(opts.connect_timeout)? {
             (mut chan, Message::Finish { .. }) => {

@@ -1,269 +1,472 @@
-//! The fleet's round barrier, kept by node 0: every node joins it over the control
-//! channel (greeting, token proof, the plan's fingerprint), then, step by step, says it
-//! is ready (with the pairs it measured in the step before) and waits for the word to
-//! begin. A step begins when every live node has arrived; a node whose connection ends,
-//! or that does not arrive within the step's deadline, has left the fleet: the others go
-//! on without it and the pairs it could not report are recorded as failed.
+//! The fleet's barrier as a state machine, without sockets: the one authority for what
+//! each node does next. It owns the step list (the planned steps, then the retests it
+//! appends once they end), takes what the nodes do (join, arrive with their rows, leave)
+//! and the time, and answers with what to send (each node's task, a dismissal, the end).
+//! `coordinator` runs it over the control channel; the tests run it with simulated time.
 //!
-//! After the planned steps the coordinator judges what it has and schedules the retests:
-//! each suspect node against a known-good peer, each suspect link again, in steps where
-//! no node is in two pairs. Nodes trust nothing of each other here: rows are bounded and
-//! must be the sender's own, and a message out of turn ends that node's membership.
+//! A step begins when every live node has arrived: each node is told its task (measure
+//! against a server, serve a client, rest, or the end). A node that leaves (its
+//! connection ends, it does not arrive within the step's deadline, it sends a row that is
+//! not its own or a message out of turn) is out for good: the pairs it can no longer run
+//! or report get a failed row written here, so every pair has exactly one row, by the
+//! node that measured it or by the coordinator.
 
-use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::time::Duration;
 
-use super::attribution::{self, Observation, Thresholds};
+use super::attribution::{self, Thresholds};
+use super::rows::{self, Expected};
 use super::schedule::{Pair, Step};
-use crate::error::{Error, Result};
-use crate::report::pairs::PairRow;
-use crate::session::{Channel, Door, Message, PeerPoll};
+use crate::report::pairs::{PairError, PairRow, Phase, Retest, RowSource};
+use crate::session::proto::{Task, Work};
 
-/// How often the coordinator sweeps its nodes' channels while a step runs.
-const SWEEP: Duration = Duration::from_millis(5);
-
-pub struct Coordinator {
-    pub door: Door,
-    pub nodes: u32,
-    /// The plan's fingerprint (`Plan` as JSON): a node with another plan is refused.
-    pub fingerprint: String,
-    pub steps: Vec<Step>,
-    /// How long the nodes have to join.
-    pub join_timeout: Duration,
-    /// How long one step may take, from its `Go` to the last node's arrival.
-    pub step_timeout: Duration,
-    pub thresholds: Thresholds,
+/// Why a node is no longer in the fleet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Departure {
+    NeverJoined { within: Duration },
+    Late { step: u32, within: Duration },
+    Lost { step: u32, why: String },
+    BadRow { step: u32, why: String },
+    OutOfTurn { step: u32, sent: &'static str },
 }
 
-/// What the coordinator saw: every row, and which nodes left and why.
+impl fmt::Display for Departure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Departure::NeverJoined { within } => write!(f, "never joined within {:.0} s", within.as_secs_f64()),
+            Departure::Late { step, within } => {
+                write!(f, "did not reach step {step} within {:.0} s", within.as_secs_f64())
+            }
+            Departure::Lost { step, why } => write!(f, "left the fleet at step {step}: {why}"),
+            Departure::BadRow { step, why } => write!(f, "sent a bad row at step {step}: {why}"),
+            Departure::OutOfTurn { step, sent } => write!(f, "sent {sent} where its arrival at step {step} was due"),
+        }
+    }
+}
+
+/// What the socket layer does for the barrier.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Send this task to the node.
+    Send { node: u32, task: Task },
+    /// The node is out (it learns why); close its connection.
+    Dismiss { node: u32, why: String },
+    /// The fleet is over; every live node has its `Done`.
+    Done,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Member {
+    Absent,
+    /// Joined; `arrived`: at the step awaited now.
+    In {
+        arrived: bool,
+    },
+    Left(Departure),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Stage {
+    Joining {
+        until: Duration,
+    },
+    /// Step `step`'s tasks are out; each node's arrival at `step + 1` is awaited.
+    Running {
+        step: u32,
+        until: Duration,
+    },
+    Done,
+}
+
+/// One step of the list: its pairs, and what each measures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepPlan {
+    pub phases: Vec<Phase>,
+    pub pairs: Vec<Expected>,
+}
+
+impl StepPlan {
+    /// A planned step of the schedule, measuring `phases`.
+    pub fn planned(step: &Step, phases: &[Phase]) -> StepPlan {
+        let pairs = step
+            .pairs
+            .iter()
+            .map(|&pair| Expected { step: step.index, round: step.round, retest: None, pair })
+            .collect();
+        StepPlan { phases: phases.to_vec(), pairs }
+    }
+}
+
+/// What the barrier saw: every row (the nodes' and its own) and who left, and why.
 #[derive(Debug, Default)]
 pub struct Outcome {
     pub rows: Vec<PairRow>,
-    pub dead: BTreeMap<u32, String>,
+    pub dead: BTreeMap<u32, Departure>,
 }
 
-impl Coordinator {
-    pub fn run(self) -> Result<Outcome> {
-        let n = self.nodes as usize;
-        let mut chans: Vec<Option<Channel>> = (0..n).map(|_| None).collect();
-        let mut out = Outcome::default();
-        self.gather(&mut chans);
-        for (i, c) in chans.iter().enumerate() {
-            if c.is_none() {
-                out.dead.insert(i as u32, format!("never joined within {:.0} s", self.join_timeout.as_secs_f64()));
-            }
-        }
-        let planned = self.steps.len() as u32;
-        let mut retests: Option<Vec<Vec<Pair>>> = None;
-        let mut step = 0u32;
-        loop {
-            self.arrivals(step, &mut chans, &mut out);
-            if step > 0 {
-                let before = self.pairs_of(step - 1, retests.as_deref());
-                let round = self.steps.get(step as usize - 1).map_or(0, |s| s.round);
-                fill_missing(step - 1, round, step > planned, &before, &mut out);
-            }
-            let (retest, done) = if step < planned {
-                (Vec::new(), false)
-            } else {
-                let r = retests.get_or_insert_with(|| retest_steps(self.nodes, &out, &self.thresholds));
-                match r.get((step - planned) as usize) {
-                    Some(pairs) => (pairs.iter().map(|p| [p.client, p.server]).collect(), false),
-                    None => (Vec::new(), true),
-                }
-            };
-            let go = Message::Go { step, dead: out.dead.keys().copied().collect(), retest, done };
-            for (i, slot) in chans.iter_mut().enumerate() {
-                if let Some(c) = slot
-                    && let Err(e) = c.send(&go)
-                {
-                    out.dead.insert(i as u32, format!("lost at step {step}: {e}"));
-                    *slot = None;
-                }
-            }
-            if done {
-                return Ok(out);
-            }
-            step += 1;
+impl Outcome {
+    /// The rows only the coordinator has (their measuring node could not report them):
+    /// node 0 prints these, so every pair's row is printed once.
+    pub fn coordinator_rows(&self) -> impl Iterator<Item = &PairRow> {
+        self.rows.iter().filter(|r| r.source == RowSource::Coordinator)
+    }
+}
+
+pub struct Barrier {
+    nodes: u32,
+    fingerprint: String,
+    steps: Vec<StepPlan>,
+    planned: usize,
+    phases: Vec<Phase>,
+    thresholds: Thresholds,
+    join_timeout: Duration,
+    step_timeout: Duration,
+    members: Vec<Member>,
+    /// The pair each node measures in the running step, if it measures.
+    assigned: Vec<Option<Expected>>,
+    stage: Stage,
+    rows: Vec<PairRow>,
+    /// Where the rows of the running step begin in `rows`.
+    step_rows: usize,
+    retests_added: bool,
+}
+
+impl Barrier {
+    /// A barrier for `nodes` nodes with `fingerprint` (the plan every node must share)
+    /// over the schedule's `steps`, each pair measuring `phases` (retests too); `now` is
+    /// the time the nodes begin to join.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        nodes: u32,
+        fingerprint: String,
+        steps: &[Step],
+        phases: &[Phase],
+        thresholds: Thresholds,
+        join_timeout: Duration,
+        step_timeout: Duration,
+        now: Duration,
+    ) -> Barrier {
+        Barrier {
+            nodes,
+            fingerprint,
+            planned: steps.len(),
+            steps: steps.iter().map(|s| StepPlan::planned(s, phases)).collect(),
+            phases: phases.to_vec(),
+            thresholds,
+            join_timeout,
+            step_timeout,
+            members: vec![Member::Absent; nodes as usize],
+            assigned: vec![None; nodes as usize],
+            stage: Stage::Joining { until: now + join_timeout },
+            rows: Vec::new(),
+            step_rows: 0,
+            retests_added: false,
         }
     }
 
-    /// The pairs of step `step`: planned, or the retests after them.
-    fn pairs_of(&self, step: u32, retests: Option<&[Vec<Pair>]>) -> Vec<Pair> {
-        match self.steps.get(step as usize) {
-            Some(s) => s.pairs.clone(),
-            None => retests.and_then(|r| r.get(step as usize - self.steps.len())).cloned().unwrap_or_default(),
+    /// The step whose arrival is awaited (0 while joining).
+    fn awaited(&self) -> u32 {
+        match self.stage {
+            Stage::Joining { .. } => 0,
+            Stage::Running { step, .. } => step + 1,
+            Stage::Done => self.steps.len() as u32,
         }
     }
 
-    /// Takes joins until every node is in or the join deadline passes.
-    fn gather(&self, chans: &mut [Option<Channel>]) {
-        let deadline = Instant::now() + self.join_timeout;
-        while chans.iter().any(Option::is_none) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return;
+    pub fn nodes(&self) -> u32 {
+        self.nodes
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.stage == Stage::Done
+    }
+
+    /// When `tick` has something to do, if ever.
+    pub fn next_deadline(&self) -> Option<Duration> {
+        match self.stage {
+            Stage::Joining { until } | Stage::Running { until, .. } => Some(until),
+            Stage::Done => None,
+        }
+    }
+
+    /// The steps so far: the planned ones, then the retests once they are known.
+    pub fn steps(&self) -> &[StepPlan] {
+        &self.steps
+    }
+
+    /// Whether node `node` may join with this plan; Err says why not (the node is told).
+    pub fn join(&mut self, node: u32, nodes: u32, plan: &str) -> Result<(), String> {
+        if nodes != self.nodes || plan != self.fingerprint {
+            return Err(format!(
+                "its plan ({nodes} nodes, {plan}) is not this fleet's ({}, {})",
+                self.nodes, self.fingerprint
+            ));
+        }
+        match self.members.get(node as usize) {
+            None => Err(format!("node {node} is no node of a fleet of {}", self.nodes)),
+            Some(Member::In { .. }) => Err(format!("node {node} has joined already")),
+            Some(Member::Left(why)) => Err(format!("node {node} {why}; the fleet went on without it")),
+            Some(Member::Absent) => {
+                self.members[node as usize] = Member::In { arrived: false };
+                Ok(())
             }
-            match self.door.next(left) {
-                Ok((mut chan, Message::Join { node, nodes, plan, .. })) => {
-                    let why = if nodes != self.nodes || plan != self.fingerprint {
-                        Some(format!(
-                            "its plan ({nodes} nodes, {plan}) is not this fleet's ({}, {})",
-                            self.nodes, self.fingerprint
-                        ))
-                    } else if node >= self.nodes {
-                        Some(format!("node {node} is no node of a fleet of {}", self.nodes))
-                    } else if chans[node as usize].is_some() {
-                        Some(format!("node {node} has joined already"))
-                    } else {
-                        None
+        }
+    }
+
+    /// Node `node` arrives at `step` with the rows of the step before.
+    pub fn arrive(&mut self, node: u32, step: u32, rows: Vec<PairRow>, now: Duration) -> Vec<Action> {
+        if self.is_done() {
+            return Vec::new();
+        }
+        let awaited = self.awaited();
+        match self.members.get(node as usize) {
+            Some(Member::In { arrived: false }) if step == awaited => {}
+            Some(Member::In { .. }) => {
+                let why = Departure::OutOfTurn {
+                    step: awaited,
+                    sent: if step == awaited { "a second arrival" } else { "an arrival for another step" },
+                };
+                return self.depart(node, why, now);
+            }
+            _ => return Vec::new(),
+        }
+        if let Err(why) = self.check_rows(node, &rows) {
+            return self.depart(node, Departure::BadRow { step: awaited, why }, now);
+        }
+        self.rows.extend(rows);
+        self.members[node as usize] = Member::In { arrived: true };
+        self.advance(now)
+    }
+
+    /// Node `node` sent `kind` where only its arrival may come.
+    pub fn out_of_turn(&mut self, node: u32, kind: &'static str, now: Duration) -> Vec<Action> {
+        if self.is_done() || !self.live(node) {
+            return Vec::new();
+        }
+        let step = self.awaited();
+        self.depart(node, Departure::OutOfTurn { step, sent: kind }, now)
+    }
+
+    /// Node `node`'s connection ended (`why`).
+    /// After the end, a node's leaving is just its exit.
+    pub fn lost(&mut self, node: u32, why: String, now: Duration) -> Vec<Action> {
+        if self.is_done() {
+            return Vec::new();
+        }
+        let step = self.awaited();
+        match self.members.get(node as usize) {
+            Some(Member::In { .. }) => {
+                self.members[node as usize] = Member::Left(Departure::Lost { step, why });
+                self.advance(now)
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The time is `now`: nodes past a deadline leave, and the fleet goes on without them.
+    pub fn tick(&mut self, now: Duration) -> Vec<Action> {
+        let mut out = Vec::new();
+        match self.stage {
+            Stage::Joining { until } if now >= until => {
+                for (i, m) in self.members.iter_mut().enumerate() {
+                    let why = match m {
+                        Member::Absent => Departure::NeverJoined { within: self.join_timeout },
+                        Member::In { arrived: false } => Departure::Late { step: 0, within: self.join_timeout },
+                        _ => continue,
                     };
-                    match why {
-                        Some(why) => {
-                            eprintln!("rdmabench: fleet: refused a join from {}: {why}", chan.peer());
-                            let _ = chan.send(&Message::Refuse { code: 2, message: why });
-                        }
-                        None => chans[node as usize] = Some(chan),
+                    if matches!(m, Member::In { .. }) {
+                        out.push(Action::Dismiss { node: i as u32, why: why.to_string() });
+                    }
+                    *m = Member::Left(why);
+                }
+            }
+            Stage::Running { step, until } if now >= until => {
+                for (i, m) in self.members.iter_mut().enumerate() {
+                    if *m == (Member::In { arrived: false }) {
+                        let why = Departure::Late { step: step + 1, within: self.step_timeout };
+                        out.push(Action::Dismiss { node: i as u32, why: why.to_string() });
+                        *m = Member::Left(why);
                     }
                 }
-                Ok((mut chan, other)) => {
-                    let _ = chan.send(&Message::Refuse {
-                        code: 2,
-                        message: format!("this is a fleet's barrier; a {} has no place here", other.kind()),
-                    });
+            }
+            _ => return out,
+        }
+        out.extend(self.advance(now));
+        out
+    }
+
+    /// What the barrier saw.
+    pub fn into_outcome(self) -> Outcome {
+        let dead = self
+            .members
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, m)| match m {
+                Member::Left(why) => Some((i as u32, why)),
+                _ => None,
+            })
+            .collect();
+        Outcome { rows: self.rows, dead }
+    }
+
+    fn depart(&mut self, node: u32, why: Departure, now: Duration) -> Vec<Action> {
+        let mut out = vec![Action::Dismiss { node, why: why.to_string() }];
+        self.members[node as usize] = Member::Left(why);
+        out.extend(self.advance(now));
+        out
+    }
+
+    /// A node brings the row of the pair it was given in the step that ended, and nothing
+    /// else.
+    fn check_rows(&self, node: u32, rows: &[PairRow]) -> Result<(), String> {
+        let given = self.assigned[node as usize].as_ref();
+        for r in rows {
+            r.check(self.nodes)?;
+        }
+        match (given, rows) {
+            (None, []) => Ok(()),
+            (Some(e), [r]) => {
+                if (r.step, r.client, r.server) != (e.step, e.pair.client, e.pair.server) {
+                    Err(format!(
+                        "pair {} -> {} at step {} is not its task ({} -> {})",
+                        r.client, r.server, r.step, e.pair.client, e.pair.server
+                    ))
+                } else if r.retest != e.retest || r.source != RowSource::Client {
+                    Err(format!("pair {} -> {} is not the measurement it was given", r.client, r.server))
+                } else {
+                    Ok(())
                 }
-                Err(e @ Error::Interrupted(_)) => {
-                    eprintln!("rdmabench: fleet: {e}");
-                    return;
-                }
-                Err(_) => return,
+            }
+            (Some(e), _) => Err(format!("{} rows for its one pair {} -> {}", rows.len(), e.pair.client, e.pair.server)),
+            (None, [r, ..]) => {
+                Err(format!("pair {} -> {} at step {} was no task of node {node}", r.client, r.server, r.step))
             }
         }
     }
 
-    /// Waits for every live node's arrival at `step`, keeping the rows it brings.
-    fn arrivals(&self, step: u32, chans: &mut [Option<Channel>], out: &mut Outcome) {
-        let deadline = Instant::now() + self.step_timeout;
-        let mut arrived = vec![false; chans.len()];
-        loop {
-            let mut waiting = false;
-            for (i, slot) in chans.iter_mut().enumerate() {
-                let Some(c) = slot else { continue };
-                if arrived[i] {
-                    continue;
-                }
-                match c.poll_peer("the fleet's next step") {
-                    Ok(PeerPoll::Quiet) => waiting = true,
-                    Ok(PeerPoll::Message(Message::Arrive { step: s, rows })) if s == step => {
-                        match rows.iter().try_for_each(|r| own_row(r, i as u32, self.nodes)) {
-                            Ok(()) => out.rows.extend(rows),
-                            Err(why) => {
-                                out.dead.insert(i as u32, format!("sent a bad row at step {step}: {why}"));
-                                *slot = None;
-                                continue;
-                            }
-                        }
-                        arrived[i] = true;
-                    }
-                    Ok(PeerPoll::Message(m)) => {
-                        out.dead
-                            .insert(i as u32, format!("sent {} where its arrival at step {step} was due", m.kind()));
-                        *slot = None;
-                    }
-                    Err(e) => {
-                        out.dead.insert(i as u32, format!("left the fleet at step {step}: {e}"));
-                        *slot = None;
+    fn live(&self, node: u32) -> bool {
+        matches!(self.members[node as usize], Member::In { .. })
+    }
+
+    /// Begins the next step once every live node has arrived (again and again while
+    /// nobody is left to wait for), and the end after the last.
+    fn advance(&mut self, now: Duration) -> Vec<Action> {
+        let mut out = Vec::new();
+        while self.stage != Stage::Done && !self.members.contains(&Member::In { arrived: false }) {
+            if matches!(self.stage, Stage::Joining { .. }) && self.members.contains(&Member::Absent) {
+                break;
+            }
+            self.close_step();
+            let next = self.awaited();
+            if next as usize == self.planned && !self.retests_added {
+                self.retests_added = true;
+                let retests = retest_steps(self, next);
+                self.steps.extend(retests);
+            }
+            self.step_rows = self.rows.len();
+            if next as usize >= self.steps.len() {
+                self.stage = Stage::Done;
+                for i in 0..self.nodes {
+                    if self.live(i) {
+                        out.push(Action::Send { node: i, task: Task { step: next, work: Work::Done } });
                     }
                 }
+                out.push(Action::Done);
+                break;
             }
-            if !waiting {
-                return;
-            }
-            if Instant::now() >= deadline {
-                for (i, slot) in chans.iter_mut().enumerate() {
-                    if slot.is_some() && !arrived[i] {
-                        out.dead.insert(
-                            i as u32,
-                            format!("did not reach step {step} within {:.0} s", self.step_timeout.as_secs_f64()),
-                        );
-                        *slot = None;
-                    }
-                }
-                return;
-            }
-            std::thread::sleep(SWEEP);
+            self.stage = Stage::Running { step: next, until: now + self.step_timeout };
+            out.extend(self.hand_out(next));
         }
+        out
     }
-}
 
-/// A row node `from` may send: one it measured itself, of this fleet.
-fn own_row(r: &PairRow, from: u32, nodes: u32) -> std::result::Result<(), String> {
-    r.check(nodes)?;
-    if r.client != from {
-        return Err(format!("a row of node {}'s measurement", r.client));
+    /// The rows of the step that ended which no node reported: their client left.
+    fn close_step(&mut self) {
+        let Stage::Running { step, .. } = self.stage else { return };
+        let members = &self.members;
+        let filled = rows::missing(&self.rows[self.step_rows..], &self.steps[step as usize].pairs, |e| {
+            PairError::node_left(format!("node {} {}", e.pair.client, departure_of(members, e.pair.client)))
+        });
+        self.rows.extend(filled);
     }
-    Ok(())
-}
 
-/// The pairs of `step` that no row reports: their client left the fleet before it could.
-fn fill_missing(step: u32, round: u32, retest: bool, pairs: &[Pair], out: &mut Outcome) {
-    for p in pairs {
-        if out.rows.iter().any(|r| r.step == step && r.client == p.client && r.server == p.server) {
-            continue;
+    /// Each live node's task in step `step`; a pair with a node that left gets its row here.
+    fn hand_out(&mut self, step: u32) -> Vec<Action> {
+        let plan = self.steps[step as usize].clone();
+        self.assigned.iter_mut().for_each(|a| *a = None);
+        let mut tasks: Vec<Option<Work>> = (0..self.nodes).map(|i| self.live(i).then_some(Work::Rest)).collect();
+        for e in &plan.pairs {
+            let Pair { client, server } = e.pair;
+            let gone = [client, server].into_iter().find(|&x| !self.live(x));
+            if let Some(x) = gone {
+                let why = format!("node {x} {}", departure_of(&self.members, x));
+                let mut r = PairRow::failed(e.step, e.round, e.retest, client, server, PairError::node_left(why));
+                r.source = RowSource::Coordinator;
+                self.rows.push(r);
+                continue;
+            }
+            tasks[client as usize] =
+                Some(Work::Measure { server, round: e.round, phases: plan.phases.clone(), retest: e.retest });
+            self.assigned[client as usize] = Some(*e);
+            tasks[server as usize] = Some(Work::Serve { client });
         }
-        let why = out
-            .dead
-            .get(&p.client)
-            .map(|w| format!("node {} {w}", p.client))
-            .unwrap_or_else(|| format!("node {} reported no result", p.client));
-        out.rows.push(PairRow::failed(step, round, retest, p.client, p.server, why));
+        for m in self.members.iter_mut() {
+            if let Member::In { arrived } = m {
+                *arrived = false;
+            }
+        }
+        tasks
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, w)| w.map(|work| Action::Send { node: i as u32, task: Task { step, work } }))
+            .collect()
     }
 }
 
-/// The retests, in steps where no node is in two pairs: each suspect node against the
-/// best node that is not suspect, each suspect link again. A node bad only for its
-/// failures (it left the fleet, or failed against half its partners) is not retested.
-fn retest_steps(nodes: u32, out: &Outcome, t: &Thresholds) -> Vec<Vec<Pair>> {
-    let planned: Vec<Observation> = out.rows.iter().filter(|r| !r.retest).map(observation).collect();
-    let a = attribution::attribute(nodes, &planned, t);
-    let alive = |x: u32| !out.dead.contains_key(&x);
-    let good: Vec<u32> = {
-        let mut g: Vec<&attribution::NodeVerdict> =
-            a.nodes.iter().filter(|n| !n.bad && n.ratio.is_some() && alive(n.node)).collect();
-        g.sort_by(|x, y| y.ratio.partial_cmp(&x.ratio).unwrap_or(std::cmp::Ordering::Equal));
-        g.iter().map(|n| n.node).collect()
-    };
+fn departure_of(members: &[Member], node: u32) -> String {
+    match &members[node as usize] {
+        Member::Left(why) => why.to_string(),
+        _ => "reported no result".into(),
+    }
+}
+
+/// The retests, in steps where no node is in two pairs, numbered from `first`: each
+/// suspect node against the best node that is not suspect, each suspect link again. A
+/// node bad only for its failures (it left the fleet, or failed against half of its
+/// partners) is not retested.
+fn retest_steps(b: &Barrier, first: u32) -> Vec<StepPlan> {
+    let observations: Vec<_> = b.rows.iter().filter(|r| !r.is_retest()).map(rows::observation).collect();
+    let a = attribution::attribute(b.nodes, &observations, &b.thresholds);
+    let alive = |x: u32| b.live(x);
+    let mut good: Vec<&attribution::NodeVerdict> =
+        a.nodes.iter().filter(|n| !n.bad && n.ratio.is_some() && alive(n.node)).collect();
+    good.sort_by(|x, y| y.ratio.partial_cmp(&x.ratio).unwrap_or(std::cmp::Ordering::Equal));
     let mut pairs = Vec::new();
-    let slow = |n: &&attribution::NodeVerdict| n.reasons.iter().any(|r| !r.starts_with("failed against"));
-    for n in a.nodes.iter().filter(|n| n.bad && alive(n.node)).filter(slow) {
-        if let Some(&g) = good.first() {
-            pairs.push(Pair { client: n.node, server: g });
+    for n in a.nodes.iter().filter(|n| n.bad && alive(n.node) && n.reasons.iter().any(|r| r.is_slowness())) {
+        if let Some(g) = good.first() {
+            pairs.push((Pair { client: n.node, server: g.node }, Retest::Node { node: n.node }));
         }
     }
     for l in a.links.iter().filter(|l| l.bad && l.ratio.is_some() && alive(l.a) && alive(l.b)) {
-        pairs.push(Pair { client: l.a, server: l.b });
+        pairs.push((Pair { client: l.a, server: l.b }, Retest::Link { a: l.a, b: l.b }));
     }
-    let mut steps: Vec<Vec<Pair>> = Vec::new();
-    for p in pairs {
-        let free = steps
-            .iter_mut()
-            .find(|s| s.iter().all(|q| ![q.client, q.server].iter().any(|x| *x == p.client || *x == p.server)));
-        match free {
-            Some(s) => s.push(p),
-            None => steps.push(vec![p]),
-        }
+    let mut steps: Vec<(StepPlan, HashSet<u32>)> = Vec::new();
+    for (pair, retest) in pairs {
+        let at = match steps.iter().position(|(_, busy)| !busy.contains(&pair.client) && !busy.contains(&pair.server)) {
+            Some(at) => at,
+            None => {
+                steps.push((StepPlan { phases: b.phases.clone(), pairs: Vec::new() }, HashSet::new()));
+                steps.len() - 1
+            }
+        };
+        let step = first + at as u32;
+        let (plan, busy) = &mut steps[at];
+        plan.pairs.push(Expected { step, round: 0, retest: Some(retest), pair });
+        busy.extend([pair.client, pair.server]);
     }
-    steps
+    steps.into_iter().map(|(s, _)| s).collect()
 }
 
-/// A row as the verdict's arithmetic sees it.
-pub fn observation(r: &PairRow) -> Observation {
-    Observation {
-        client: r.client,
-        server: r.server,
-        gbps: r.gbps,
-        p50_us: r.p50_us,
-        error: if r.ok() { None } else { Some(r.error.clone().unwrap_or_else(|| r.status.clone())) },
-        retest: r.retest,
-    }
-}
+#[cfg(test)]
+mod tests;

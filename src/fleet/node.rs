@@ -1,20 +1,25 @@
 //! One node of an all-pairs fleet (one pod, or one process of the lab's switch): it
-//! serves every test its partners start, measures against its own partner in each step
-//! the schedule gives it, and keeps step with the others through node 0's barrier.
-//! Node 0 also keeps the barrier and, at the end, prints the fleet's verdict.
+//! serves every test its partners start, and keeps step with the others through node 0's
+//! coordinator: arrive (with the rows of the step before), take its task, do it. Node 0
+//! also runs the coordinator and, at the end, prints the fleet's verdict.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::attribution::Thresholds;
-use super::barrier::{Coordinator, Outcome};
+use super::attribution::{self, Thresholds};
+use super::barrier::{Barrier, Outcome};
 use super::config::Measurement;
+use super::coordinator::Coordinator;
 use super::schedule::{Pair, Plan};
 use crate::bench::runner::{self, RunOptions};
 use crate::error::{Error, Result};
 use crate::report::RunResult;
-use crate::report::pairs::PairRow;
-use crate::session::{Channel, Door, Message, handshake};
+use crate::report::pairs::{PairError, PairRow, Phase, Retest};
+use crate::session::proto::{Task, Work};
+use crate::session::{Channel, Listener, Message, handshake};
 use crate::spec::{Measure, Operation, TestSpec};
+
+/// What every pair measures in a step: bandwidth, then latency.
+pub const PHASES: [Phase; 2] = [Phase::Bandwidth, Phase::Latency];
 
 pub struct NodeConfig {
     pub index: u32,
@@ -39,6 +44,27 @@ impl NodeConfig {
     pub fn step_timeout(&self, opts: &RunOptions) -> Duration {
         self.measure.pair_budget(opts.timeout)
     }
+
+    fn check(&self) -> Result<()> {
+        self.plan.check().map_err(Error::Usage)?;
+        let n = self.plan.nodes;
+        if self.index >= n || self.peers.len() != n as usize {
+            return Err(Error::Usage(format!(
+                "node {} of {n} with {} peer addresses: give --index below --pods and one address per node",
+                self.index,
+                self.peers.len()
+            )));
+        }
+        if u32::from(self.port) + n > u32::from(u16::MAX) {
+            return Err(Error::Usage(format!(
+                "-p {}: the fleet uses ports {}..={} (one per node and the barrier's); give a lower port",
+                self.port,
+                self.port,
+                u32::from(self.port) + n
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// What node 0 knows at the end (other nodes: their own rows only).
@@ -48,104 +74,114 @@ pub struct NodeOutcome {
 }
 
 pub fn run(cfg: &NodeConfig, opts: &RunOptions) -> Result<NodeOutcome> {
-    cfg.plan.check().map_err(Error::Usage)?;
+    cfg.check()?;
     let n = cfg.plan.nodes;
-    if cfg.index >= n || cfg.peers.len() != n as usize {
-        return Err(Error::Usage(format!(
-            "node {} of {n} with {} peer addresses: give --index below --pods and one address per node",
-            cfg.index,
-            cfg.peers.len()
-        )));
-    }
     let steps = cfg.plan.steps();
     let fingerprint = serde_json::to_string(&cfg.plan).expect("a plan serialises");
     let step_timeout = cfg.step_timeout(opts);
+    // The longest a node may wait for its next task: every step, the retests and the join.
     let whole = cfg.join_timeout + step_timeout * (steps.len() as u32 + 2 * n + 2);
-    let coordinator = if cfg.index == 0 {
-        let door = Door::bind(opts.bind, cfg.barrier_port(), opts.token.clone(), opts.timeout)?;
-        let c = Coordinator {
-            door,
-            nodes: n,
-            fingerprint: fingerprint.clone(),
-            steps: steps.clone(),
-            join_timeout: cfg.join_timeout,
-            step_timeout,
-            thresholds: cfg.thresholds,
-        };
-        Some(std::thread::spawn(move || c.run()))
-    } else {
-        None
-    };
     let mut serving = opts.clone();
     serving.tcp_port = cfg.port + cfg.index as u16;
     serving.connect_timeout = whole;
+    // Both ports are taken before joining: a node that cannot serve stops here (exit 3)
+    // with the reason, instead of being judged later for failing against its partners.
+    let door = serving.door()?;
+    let coordinator = if cfg.index == 0 {
+        let listener = Listener::bind(opts.bind, cfg.barrier_port())?;
+        let barrier = Barrier::new(
+            n,
+            fingerprint.clone(),
+            &steps,
+            &PHASES,
+            cfg.thresholds,
+            cfg.join_timeout,
+            step_timeout,
+            Duration::ZERO,
+        );
+        let c = Coordinator { listener, token: opts.token.clone(), timeout: opts.timeout, barrier };
+        Some(std::thread::spawn(move || c.run(Instant::now())))
+    } else {
+        None
+    };
     let server = {
         let o = serving.clone();
-        std::thread::spawn(move || runner::serve_workload(&o))
+        std::thread::spawn(move || runner::serve_workload_at(door, &o))
     };
-    let mut chan = Channel::connect(&cfg.peers[0], cfg.barrier_port(), cfg.join_timeout, opts.timeout)?;
-    handshake::join(&mut chan, cfg.index, n, &fingerprint, opts.token.as_ref())?;
-    let mut mine = Vec::new();
-    let mut last = Vec::new();
-    let mut step = 0u32;
-    let outcome = loop {
-        chan.send(&Message::Arrive { step, rows: std::mem::take(&mut last) })?;
-        let (dead, retest, done) = match chan.recv_within("the fleet's next step", whole)? {
-            Message::Go { step: s, dead, retest, done } if s == step => (dead, retest, done),
-            Message::Refuse { code, message } => {
-                break Err(Error::from_code(code, format!("the fleet's barrier refused this node: {message}")));
-            }
-            other => break Err(chan.unexpected(&other, "the fleet's next step")),
-        };
-        if done {
-            break Ok(());
-        }
-        let (round, pairs): (u32, Vec<Pair>) = match steps.get(step as usize) {
-            Some(s) => (s.round, s.pairs.clone()),
-            None => (0, retest.iter().map(|p| Pair { client: p[0], server: p[1] }).collect()),
-        };
-        if let Some(p) = pairs.iter().find(|p| p.client == cfg.index) {
-            let row = if dead.contains(&p.server) {
-                PairRow::failed(
-                    step,
-                    round,
-                    step as usize >= steps.len(),
-                    p.client,
-                    p.server,
-                    format!("node {} left the fleet", p.server),
-                )
-            } else {
-                measure_pair(cfg, opts, step, round, step as usize >= steps.len(), *p)
-            };
-            println!("{}", row.line());
-            mine.push(row.clone());
-            last.push(row);
-        }
-        step += 1;
-    };
-    drop(chan);
+    let outcome = take_tasks(cfg, opts, &fingerprint, whole);
     // This node's server ends with a finish from this node, as a workload's would.
     let mut finishing = serving.clone();
     finishing.connect_timeout = Duration::from_secs(5);
     let _ = runner::finish_workload(&cfg.peers[cfg.index as usize], &finishing);
-    let _ = server.join();
-    outcome?;
+    let served = server.join().unwrap_or_else(|_| Err(Error::Check("this node's server panicked".into())));
+    let mine = outcome?;
+    if let Err(e) = served {
+        return Err(e.context("this node's server stopped"));
+    }
     let barrier = match coordinator {
-        Some(h) => Some(h.join().map_err(|_| Error::Check("the fleet's barrier thread panicked".into()))??),
+        Some(h) => Some(h.join().map_err(|_| Error::Check("the fleet's barrier panicked".into()))??),
         None => None,
     };
     Ok(NodeOutcome { rows: mine, barrier })
 }
 
+/// The node's loop: join, then arrive -> task -> do it, until the coordinator says the
+/// fleet is over. Each measured pair's row is printed here, once.
+fn take_tasks(cfg: &NodeConfig, opts: &RunOptions, fingerprint: &str, whole: Duration) -> Result<Vec<PairRow>> {
+    let n = cfg.plan.nodes;
+    let mut chan = Channel::connect(&cfg.peers[0], cfg.barrier_port(), cfg.join_timeout, opts.timeout)?;
+    handshake::join(&mut chan, cfg.index, n, fingerprint, opts.token.as_ref())?;
+    let (mut mine, mut last) = (Vec::new(), Vec::new());
+    let mut step = 0u32;
+    loop {
+        chan.send(&Message::Arrive { step, rows: std::mem::take(&mut last) })?;
+        let Task { work, .. } = match chan.recv_within("this node's task in the fleet", whole)? {
+            Message::Task(t) if t.step == step => t,
+            Message::Refuse { code, message } => {
+                return Err(Error::from_code(code, format!("the fleet's barrier refused this node: {message}")));
+            }
+            other => return Err(chan.unexpected(&other, &format!("this node's task for step {step}"))),
+        };
+        match work {
+            Work::Done => return Ok(mine),
+            Work::Measure { server, round, phases, retest } => {
+                if server >= n || server == cfg.index || phases.is_empty() {
+                    return Err(
+                        chan.unexpected(&Message::Task(Task { step, work: Work::Rest }), "a task of this fleet")
+                    );
+                }
+                let pair = Pair { client: cfg.index, server };
+                let row = measure_pair(cfg, opts, (step, round, retest), &phases, pair);
+                println!("{}", row.line());
+                mine.push(row.clone());
+                last.push(row);
+            }
+            Work::Serve { client } => {
+                eprintln!("rdmabench: fleet: step {step}: node {client} measures against this node")
+            }
+            Work::Rest => {}
+        }
+        step += 1;
+    }
+}
+
 /// One pair: bandwidth (warm-up, then the repeats; their median) and latency (p50 and
-/// p99 medians), on every rail at once; a failure is the row's error, not the fleet's.
-fn measure_pair(cfg: &NodeConfig, opts: &RunOptions, step: u32, round: u32, retest: bool, p: Pair) -> PairRow {
+/// p99 medians), as `phases` says, on every rail at once; a failure is the row's error
+/// (its kind and the phase that failed), not the fleet's.
+fn measure_pair(
+    cfg: &NodeConfig,
+    opts: &RunOptions,
+    (step, round, retest): (u32, u32, Option<Retest>),
+    phases: &[Phase],
+    p: Pair,
+) -> PairRow {
     let m = &cfg.measure;
     let mut o = opts.clone();
     o.tcp_port = cfg.port + p.server as u16;
     o.json = None;
     let host = &cfg.peers[p.server as usize];
-    let mut row = PairRow::failed(step, round, retest, p.client, p.server, String::new());
+    let mut row = PairRow::failed(step, round, retest, p.client, p.server, PairError::node_left(String::new()));
+    row.error = None;
     row.client_node = crate::names::this_host();
     row.client_addr = cfg.peers[p.client as usize].clone();
     row.server_addr = host.clone();
@@ -166,34 +202,37 @@ fn measure_pair(cfg: &NodeConfig, opts: &RunOptions, step: u32, round: u32, rete
     };
     let mut gbps = Vec::new();
     let (mut p50, mut p99) = (Vec::new(), Vec::new());
-    let result = (|| -> Result<()> {
-        for _ in 0..m.repeats {
-            let run = runner::client(host, &bw, &o)?;
+    for &phase in phases {
+        let spec = match phase {
+            Phase::Bandwidth => &bw,
+            Phase::Latency => &lat,
+        };
+        let result = (0..m.repeats).try_for_each(|_| {
+            let run = runner::client(host, spec, &o)?;
             note_peer(&mut row, &run);
-            gbps.extend(
-                run.results.first().and_then(|r| r.bandwidth.as_ref()).map(|b| b.avg_bytes_per_sec * 8.0 / 1e9),
-            );
-        }
-        for _ in 0..m.repeats {
-            let run = runner::client(host, &lat, &o)?;
-            if let Some(l) = run.results.first().and_then(|r| r.latency.as_ref()) {
-                p50.push(l.summary.p50_ns / 1e3);
-                p99.push(l.summary.p99_ns / 1e3);
+            let first = run.results.first();
+            match phase {
+                Phase::Bandwidth => {
+                    gbps.extend(first.and_then(|r| r.bandwidth.as_ref()).map(|b| b.avg_bytes_per_sec * 8.0 / 1e9))
+                }
+                Phase::Latency => {
+                    if let Some(l) = first.and_then(|r| r.latency.as_ref()) {
+                        p50.push(l.summary.p50_ns / 1e3);
+                        p99.push(l.summary.p99_ns / 1e3);
+                    }
+                }
             }
+            Ok::<(), Error>(())
+        });
+        if let Err(e) = result {
+            row.error = Some(PairError::of(&e, Some(phase)));
+            break;
         }
-        Ok(())
-    })();
-    row.gbps = super::attribution::median(&mut gbps.clone());
-    row.gbps_repeats = gbps;
-    row.p50_us = super::attribution::median(&mut p50);
-    row.p99_us = super::attribution::median(&mut p99);
-    match result {
-        Ok(()) => {
-            row.status = "ok".into();
-            row.error = None;
-        }
-        Err(e) => row.error = Some(e.to_string()),
     }
+    row.gbps = attribution::median(&mut gbps.clone());
+    row.gbps_repeats = gbps;
+    row.p50_us = attribution::median(&mut p50);
+    row.p99_us = attribution::median(&mut p99);
     row
 }
 
@@ -205,10 +244,4 @@ fn note_peer(row: &mut PairRow, run: &RunResult) {
     } else {
         run.rails.iter().map(|r| r.peer_device.clone()).collect()
     };
-}
-
-/// Node 0's last words: the rows its barrier recorded for pairs whose client left the
-/// fleet before it could report them, so the logs hold every pair.
-pub fn orphan_rows(outcome: &Outcome) -> Vec<PairRow> {
-    outcome.rows.iter().filter(|r| r.client_node.is_empty()).cloned().collect()
 }

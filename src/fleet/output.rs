@@ -3,12 +3,14 @@
 //! against, both labelled by node name), the verdict as JSON (bad nodes and links with
 //! their evidence), an SVG heat map of the bandwidth matrix and a markdown summary.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::Serialize;
 
-use super::attribution::{Attribution, Thresholds};
+use super::attribution::{Attribution, Thresholds, Verdict};
+use super::rows::PairTable;
 use crate::error::{Error, Result};
 use crate::report::pairs::PairRow;
 
@@ -25,11 +27,11 @@ pub fn labels(nodes: u32, rows: &[PairRow]) -> Vec<String> {
     }
     let plain: Vec<String> =
         names.iter().enumerate().map(|(i, n)| n.clone().unwrap_or_else(|| format!("node-{i}"))).collect();
-    plain
-        .iter()
-        .enumerate()
-        .map(|(i, n)| if plain.iter().filter(|m| *m == n).count() > 1 { format!("{n}#{i}") } else { n.clone() })
-        .collect()
+    let mut uses: HashMap<&str, u32> = HashMap::new();
+    for n in &plain {
+        *uses.entry(n).or_default() += 1;
+    }
+    plain.iter().enumerate().map(|(i, n)| if uses[n.as_str()] > 1 { format!("{n}#{i}") } else { n.clone() }).collect()
 }
 
 /// The metrics a matrix is written for.
@@ -47,10 +49,11 @@ fn figure(r: &PairRow, metric: &str) -> Option<f64> {
 /// one empty. Names are defused, so no label can break a cell.
 pub fn matrix_csv(nodes: u32, rows: &[PairRow], metric: &str) -> String {
     let label = labels(nodes, rows);
+    let table = PairTable::planned(nodes, rows);
     let mut out = format!("client/server,{}\n", label.join(","));
     for i in 0..nodes {
         let cells: Vec<String> = (0..nodes)
-            .map(|j| match rows.iter().find(|r| !r.retest && r.client == i && r.server == j) {
+            .map(|j| match table.get(i, j).map(|k| &rows[k]) {
                 Some(r) if !r.ok() => "failed".into(),
                 Some(r) => figure(r, metric).map_or(String::new(), |v| format!("{v:.3}")),
                 None => String::new(),
@@ -62,11 +65,11 @@ pub fn matrix_csv(nodes: u32, rows: &[PairRow], metric: &str) -> String {
 }
 
 #[derive(Serialize)]
-struct Verdict<'a> {
+struct VerdictDoc<'a> {
     schema: &'static str,
     nodes: u32,
     labels: &'a [String],
-    verdict: &'static str,
+    verdict: Verdict,
     bad_nodes: Vec<&'a str>,
     bad_links: Vec<[&'a str; 2]>,
     thresholds: &'a Thresholds,
@@ -75,11 +78,11 @@ struct Verdict<'a> {
 
 pub fn verdict_json(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds) -> String {
     let label = labels(nodes, rows);
-    let v = Verdict {
+    let v = VerdictDoc {
         schema: "rdmabench/fleet-verdict",
         nodes,
         labels: &label,
-        verdict: if a.bad_nodes().is_empty() && a.bad_links().is_empty() { "pass" } else { "fail" },
+        verdict: a.verdict(),
         bad_nodes: a.bad_nodes().iter().map(|&i| label[i as usize].as_str()).collect(),
         bad_links: a
             .bad_links()
@@ -92,11 +95,16 @@ pub fn verdict_json(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Threshold
     serde_json::to_string_pretty(&v).expect("a verdict serialises") + "\n"
 }
 
+/// The most nodes whose heat map cells carry their figure as text; a larger fleet's cells
+/// are colour alone (smaller), so the map stays a size a browser opens.
+const CELL_TEXT_NODES: u32 = 64;
+
 /// The bandwidth matrix as an SVG heat map: each cell's colour is its bandwidth against
 /// the typical pair's (red low, green at or above), failed cells black.
 pub fn heatmap_svg(nodes: u32, rows: &[PairRow], a: &Attribution) -> String {
     let label = labels(nodes, rows);
-    let (cell, left, top) = (36, 150, 150);
+    let text_in_cells = nodes <= CELL_TEXT_NODES;
+    let (cell, left, top) = if text_in_cells { (36, 150, 150) } else { (6, 150, 150) };
     let size = |k: u32| k * cell;
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"11\">\n",
@@ -114,7 +122,7 @@ pub fn heatmap_svg(nodes: u32, rows: &[PairRow], a: &Attribution) -> String {
         let _ = writeln!(s, "<text x=\"{}\" y=\"{y}\" text-anchor=\"end\">{l}</text>", left - 6);
         let _ = writeln!(s, "<text x=\"{x}\" y=\"{}\" transform=\"rotate(-60 {x} {})\">{l}</text>", top - 6, top - 6);
     }
-    for r in rows.iter().filter(|r| !r.retest && r.client < nodes && r.server < nodes) {
+    for r in rows.iter().filter(|r| !r.is_retest() && r.client < nodes && r.server < nodes) {
         let (x, y) = (left + size(r.server), top + size(r.client));
         let (fill, text) = match (r.ok(), r.gbps, a.typical_gbps) {
             (false, _, _) => ("#000000".to_string(), "fail".to_string()),
@@ -125,6 +133,9 @@ pub fn heatmap_svg(nodes: u32, rows: &[PairRow], a: &Attribution) -> String {
             s,
             "<rect x=\"{x}\" y=\"{y}\" width=\"{cell}\" height=\"{cell}\" fill=\"{fill}\" stroke=\"#ffffff\"/>"
         );
+        if !text_in_cells {
+            continue;
+        }
         let _ = writeln!(
             s,
             "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" fill=\"{}\" font-size=\"9\">{text}</text>",
@@ -147,26 +158,20 @@ fn colour(ratio: f64) -> String {
 
 pub fn summary_md(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds) -> String {
     let label = labels(nodes, rows);
-    let planned = rows.iter().filter(|r| !r.retest).count();
-    let failed = rows.iter().filter(|r| !r.retest && !r.ok()).count();
-    let retests = rows.iter().filter(|r| r.retest).count();
+    let planned = rows.iter().filter(|r| !r.is_retest()).count();
+    let failed = rows.iter().filter(|r| !r.is_retest() && !r.ok()).count();
+    let retests = rows.iter().filter(|r| r.is_retest()).count();
     let mut s = format!(
         "# Fleet: {nodes} nodes, {planned} pairs measured ({failed} failed), {retests} retests\n\n\
          Typical pair: {}; best latency p50: {}.\n\n",
         a.typical_gbps.map_or("none".into(), |g| format!("{g:.2} Gb/s")),
         a.best_p50_us.map_or("none".into(), |p| format!("{p:.2} us"))
     );
-    let bad_nodes = a.bad_nodes();
-    let bad_links = a.bad_links();
-    let _ = writeln!(
-        s,
-        "**Verdict: {}**\n",
-        if bad_nodes.is_empty() && bad_links.is_empty() {
-            "PASS".to_string()
-        } else {
-            format!("FAIL ({} bad node(s), {} bad link(s))", bad_nodes.len(), bad_links.len())
-        }
-    );
+    let verdict = match a.verdict() {
+        Verdict::Pass => "PASS".to_string(),
+        Verdict::Fail => format!("FAIL ({} bad node(s), {} bad link(s))", a.bad_nodes().len(), a.bad_links().len()),
+    };
+    let _ = writeln!(s, "**Verdict: {verdict}**\n");
     s.push_str("| node | bandwidth vs typical | z | failed partners | p50 us | verdict |\n|---|---|---|---|---|---|\n");
     for n in &a.nodes {
         let _ = writeln!(
@@ -179,11 +184,11 @@ pub fn summary_md(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds)
             n.partners,
             n.p50_us.map_or("-".into(), |p| format!("{p:.1}")),
             if n.bad {
-                format!("**bad**: {}", n.reasons.join("; "))
+                format!("**bad**: {}", sentences(&n.reasons))
             } else if n.reasons.is_empty() {
                 "ok".into()
             } else {
-                format!("ok ({})", n.reasons.join("; "))
+                format!("ok ({})", sentences(&n.reasons))
             }
         );
     }
@@ -200,7 +205,7 @@ pub fn summary_md(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds)
                 l.gbps.map_or("-".into(), |g| format!("{g:.2}")),
                 l.p50_us.map_or("-".into(), |p| format!("{p:.1}")),
                 if l.bad { "**bad**" } else { "not the link's fault" },
-                l.reasons.join("; ")
+                sentences(&l.reasons)
             );
         }
     }
@@ -210,6 +215,10 @@ pub fn summary_md(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds)
         t.node_min_ratio, t.node_min_z, t.fail_share, t.link_min_ratio, t.latency_max_ratio
     );
     s
+}
+
+fn sentences<R: std::fmt::Display>(reasons: &[R]) -> String {
+    reasons.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("; ")
 }
 
 /// Writes every file into `dir`; returns their paths.
@@ -239,8 +248,8 @@ pub fn write_all(dir: &Path, nodes: u32, rows: &[PairRow], a: &Attribution, t: &
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::attribution;
-    use crate::fleet::barrier::observation;
+    use crate::fleet::rows;
+    use crate::report::pairs::PairError;
 
     fn rows(n: u32) -> Vec<PairRow> {
         let mut v = Vec::new();
@@ -249,13 +258,12 @@ mod tests {
                 if i == j {
                     continue;
                 }
-                let mut r = PairRow::failed(0, 0, false, i, j, String::new());
+                let lost = PairError::of(&crate::Error::Peer("peer lost".into()), None);
+                let mut r = PairRow::failed(0, 0, None, i, j, lost);
                 (r.client_node, r.server_node) = (format!("n{i}"), format!("n{j}"));
-                if (i, j) == (2, 0) {
-                    r.error = Some("peer lost".into());
-                } else {
-                    (r.status, r.error, r.gbps, r.p50_us, r.p99_us) =
-                        ("ok".into(), None, Some(if i == 1 || j == 1 { 40.0 } else { 100.0 }), Some(5.0), Some(9.0));
+                if (i, j) != (2, 0) {
+                    (r.error, r.gbps, r.p50_us, r.p99_us) =
+                        (None, Some(if i == 1 || j == 1 { 40.0 } else { 100.0 }), Some(5.0), Some(9.0));
                 }
                 v.push(r);
             }
@@ -277,7 +285,7 @@ mod tests {
     fn the_verdict_names_the_slow_node_in_every_output() {
         let r = rows(5);
         let t = Thresholds::default();
-        let a = attribution::judge(5, &r.iter().map(observation).collect::<Vec<_>>(), &t);
+        let a = rows::judge(5, &r, &t);
         assert_eq!(a.bad_nodes(), [1]);
         let v: serde_json::Value = serde_json::from_str(&verdict_json(5, &r, &a, &t)).unwrap();
         assert_eq!((v["verdict"].as_str(), v["bad_nodes"][0].as_str()), (Some("fail"), Some("n1")));

@@ -8,10 +8,11 @@ use serde::{Deserialize, Serialize};
 
 use super::fleet::{self, Topology};
 use crate::error::{Error, Result};
-use crate::fleet::attribution::{self, Thresholds};
+use crate::fleet::attribution::Thresholds;
 use crate::fleet::output;
+use crate::fleet::rows::{self, Expected};
 use crate::fleet::schedule::Plan;
-use crate::report::pairs::{PAIR_MARK, PairRow};
+use crate::report::pairs::{PAIR_MARK, PairError, PairRow, RowSource};
 use crate::report::run::RunDocument;
 use crate::units::Sig;
 
@@ -163,7 +164,12 @@ pub fn all_pairs(
 ) -> Result<()> {
     plan.check().map_err(Error::Usage)?;
     let mut rows: Vec<PairRow> = read_logs(paths, |r| {
-        records(r, PAIR_MARK, |p: &PairRow| (p.client, p.server, p.step, p.retest), "pair {0} -> {1} of one step")
+        records(
+            r,
+            PAIR_MARK,
+            |p: &PairRow| (p.client, p.server, p.step, p.source == RowSource::Coordinator),
+            "pair {0} -> {1} of one step",
+        )
     })?;
     for r in &rows {
         r.check(plan.nodes).map_err(|e| Error::Usage(format!("a {PAIR_MARK}line: {e}")))?;
@@ -174,16 +180,22 @@ pub fn all_pairs(
             paths.join(", ")
         )));
     }
-    for step in plan.steps() {
-        for p in step.pairs {
-            if !rows.iter().any(|r| !r.retest && (r.client, r.server) == (p.client, p.server)) {
-                let why = "no result in the logs (the pod was lost, or its log was not collected)".to_string();
-                rows.push(PairRow::failed(step.index, step.round, false, p.client, p.server, why));
-            }
-        }
+    let replaced = rows::prefer_measured(&mut rows);
+    if replaced > 0 {
+        eprintln!(
+            "rdmabench: {replaced} pair(s) have the measuring node's own row and the coordinator's failed one (the node \
+             left before reporting it): the node's own is kept"
+        );
     }
-    let observations: Vec<_> = rows.iter().map(crate::fleet::barrier::observation).collect();
-    let a = attribution::judge(plan.nodes, &observations, t);
+    let expected: Vec<Expected> = plan
+        .steps()
+        .iter()
+        .flat_map(|s| s.pairs.iter().map(|&pair| Expected { step: s.index, round: s.round, retest: None, pair }))
+        .collect();
+    let why = "no result in the logs (the pod was lost, or its log was not collected)";
+    let missing = rows::missing(&rows, &expected, |_| PairError::node_left(why.to_string()));
+    rows.extend(missing);
+    let a = rows::judge(plan.nodes, &rows, t);
     if let Some(dir) = out_dir {
         for f in output::write_all(dir, plan.nodes, &rows, &a, t)? {
             eprintln!("rdmabench: wrote {f}");

@@ -1,24 +1,156 @@
 //! One measured pair of an all-pairs fleet, as a JSON line (`RDMABENCH_PAIR {...}` in a
-//! pod's log, `pairs.jsonl` from `summarize`): plain data, written by the measuring node,
-//! carried to the fleet's coordinator, read back by `summarize`.
+//! pod's log, `pairs.jsonl` from `summarize`): plain data, written by exactly one process
+//! (the measuring node, or the fleet's coordinator for a pair its client could not
+//! report), carried to the coordinator, read back by `summarize`. Also the plain words
+//! the coordinator and its nodes share about a pair: which phase of it, whether it is a
+//! retest and of what, and why it failed.
+
+use std::fmt;
 
 use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
 
 /// The marker of a pair's line in a pod's log.
 pub const PAIR_MARK: &str = "RDMABENCH_PAIR ";
 
+/// One measurement of a pair: its bandwidth test or its latency test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Bandwidth,
+    Latency,
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Phase::Bandwidth => "bandwidth",
+            Phase::Latency => "latency",
+        })
+    }
+}
+
+/// What a retest after the planned steps checks again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "of")]
+pub enum Retest {
+    /// A node suspected of slowness, measured against a known-good peer.
+    Node { node: u32 },
+    /// A link suspected of slowness (its nodes are not), measured again.
+    Link { a: u32, b: u32 },
+}
+
+impl fmt::Display for Retest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Retest::Node { node } => write!(f, "a retest of node {node}"),
+            Retest::Link { a, b } => write!(f, "a retest of link {a} - {b}"),
+        }
+    }
+}
+
+/// Why a pair failed, by class: what the measuring side's error was, or why it never
+/// reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// The peer was lost, timed out or refused the protocol (exit 4).
+    Peer,
+    /// A check of the run failed (data, counts; exit 1).
+    Check,
+    /// The measuring side's environment (devices, memory; exit 3).
+    Environment,
+    /// A usage error (a spec the peer refused; exit 2).
+    Usage,
+    /// The measuring node was stopped by a signal.
+    Interrupted,
+    /// A node of the pair left the fleet before or while it ran.
+    NodeLeft,
+}
+
+impl FailureKind {
+    pub fn of(e: &Error) -> FailureKind {
+        match e {
+            Error::Peer(_) => FailureKind::Peer,
+            Error::Check(_) => FailureKind::Check,
+            Error::Environment(_) => FailureKind::Environment,
+            Error::Usage(_) => FailureKind::Usage,
+            Error::Interrupted(_) => FailureKind::Interrupted,
+        }
+    }
+}
+
+impl fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FailureKind::Peer => "peer lost",
+            FailureKind::Check => "check failed",
+            FailureKind::Environment => "environment",
+            FailureKind::Usage => "usage",
+            FailureKind::Interrupted => "interrupted",
+            FailureKind::NodeLeft => "node left the fleet",
+        })
+    }
+}
+
+/// A failed pair's error: its class, the phase that failed (none: nothing was measured),
+/// and the measuring side's message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairError {
+    pub kind: FailureKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    pub message: String,
+}
+
+impl PairError {
+    /// The error of `phase` (None: before any) from a run's error.
+    pub fn of(e: &Error, phase: Option<Phase>) -> PairError {
+        PairError { kind: FailureKind::of(e), phase, message: e.message() }
+    }
+
+    /// A pair that never ran because a node of it left the fleet.
+    pub fn node_left(message: String) -> PairError {
+        PairError { kind: FailureKind::NodeLeft, phase: None, message }
+    }
+}
+
+impl fmt::Display for PairError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.phase {
+            Some(p) => write!(f, "{p} failed ({}): {}", self.kind, self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+/// Who wrote a row: the measuring node, or the coordinator for a pair whose measuring
+/// node could not report it (it left the fleet). A pair has one row from one of them; a
+/// node that printed its row and then died leaves both in the logs, and its own wins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RowSource {
+    #[default]
+    Client,
+    Coordinator,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PairRow {
-    /// The step of the schedule (retests come after the last planned step).
+    /// The step of the fleet (retests come after the last planned step).
     pub step: u32,
     pub round: u32,
-    /// A retest of a suspect against a known-good peer, after the planned rounds.
-    #[serde(default)]
-    pub retest: bool,
+    /// A retest after the planned rounds, and of what.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retest: Option<Retest>,
     /// Node (pod index) that measured, and the one it measured against.
     pub client: u32,
     pub server: u32,
+    #[serde(default)]
+    pub source: RowSource,
     #[serde(with = "crate::names::wire")]
     pub client_node: String,
     #[serde(with = "crate::names::wire")]
@@ -42,24 +174,33 @@ pub struct PairRow {
     pub lat_size: u64,
     pub p50_us: Option<f64>,
     pub p99_us: Option<f64>,
-    /// "ok" or "failed".
-    pub status: String,
+    /// Why the pair failed; none when it passed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
+    pub error: Option<PairError>,
 }
 
 /// The most pairs one message or one log may carry (1000 nodes, both directions, retests).
 pub const MAX_PAIRS: usize = 2_000_000;
+/// The longest error message a row may carry from a peer.
+pub const MAX_ERROR_LEN: usize = 4096;
 
 impl PairRow {
     /// A pair that measured nothing (its error says why); the sizes are 0: not measured.
-    pub fn failed(step: u32, round: u32, retest: bool, client: u32, server: u32, error: String) -> PairRow {
+    pub fn failed(
+        step: u32,
+        round: u32,
+        retest: Option<Retest>,
+        client: u32,
+        server: u32,
+        error: PairError,
+    ) -> PairRow {
         PairRow {
             step,
             round,
             retest,
             client,
             server,
+            source: RowSource::Client,
             client_node: String::new(),
             server_node: String::new(),
             client_addr: String::new(),
@@ -74,13 +215,16 @@ impl PairRow {
             lat_size: 0,
             p50_us: None,
             p99_us: None,
-            status: "failed".into(),
             error: Some(error),
         }
     }
 
     pub fn ok(&self) -> bool {
-        self.status == "ok" && self.error.is_none()
+        self.error.is_none()
+    }
+
+    pub fn is_retest(&self) -> bool {
+        self.retest.is_some()
     }
 
     /// The row as its log line.
@@ -100,6 +244,64 @@ impl PairRow {
         if self.devices.len() > 64 || self.peer_devices.len() > 64 || self.gbps_repeats.len() > 1000 {
             return Err(format!("pair {} -> {} lists too many devices or repeats", self.client, self.server));
         }
+        if self.error.as_ref().is_some_and(|e| e.message.len() > MAX_ERROR_LEN) {
+            return Err(format!("pair {} -> {} has an error over {MAX_ERROR_LEN} bytes", self.client, self.server));
+        }
+        let retest_ok = match self.retest {
+            None => true,
+            Some(Retest::Node { node }) => node == self.client || node == self.server,
+            Some(Retest::Link { a, b }) => {
+                (a.min(b), a.max(b)) == (self.client.min(self.server), self.client.max(self.server))
+            }
+        };
+        if !retest_ok {
+            return Err(format!(
+                "pair {} -> {} says it retests {}, of other nodes",
+                self.client,
+                self.server,
+                self.retest.unwrap()
+            ));
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_reads_back_with_its_error_kind_phase_and_retest() {
+        let mut r = PairRow::failed(
+            4,
+            1,
+            Some(Retest::Node { node: 3 }),
+            3,
+            0,
+            PairError::of(&Error::Peer("peer x made no progress".into()), Some(Phase::Latency)),
+        );
+        r.source = RowSource::Coordinator;
+        let line = r.line();
+        let back: PairRow = serde_json::from_str(line.strip_prefix(PAIR_MARK).unwrap()).unwrap();
+        assert_eq!(back, r);
+        assert!(line.contains("\"kind\":\"peer\"") && line.contains("\"phase\":\"latency\""), "{line}");
+        assert_eq!(back.error.as_ref().unwrap().to_string(), "latency failed (peer lost): peer x made no progress");
+        assert!(back.check(5).is_ok());
+    }
+
+    #[test]
+    fn forged_rows_are_refused() {
+        let ok = PairRow::failed(0, 0, None, 1, 2, PairError::node_left("x".into()));
+        assert!(ok.check(3).is_ok());
+        assert!(ok.check(2).unwrap_err().contains("no pair of a fleet of 2"));
+        let mut r = ok.clone();
+        r.retest = Some(Retest::Node { node: 0 });
+        assert!(r.check(3).unwrap_err().contains("of other nodes"));
+        let mut r = ok.clone();
+        r.error = Some(PairError::node_left("y".repeat(MAX_ERROR_LEN + 1)));
+        assert!(r.check(3).is_err());
+        let mut r = ok;
+        r.gbps = Some(f64::NAN);
+        assert!(r.check(3).is_err());
     }
 }

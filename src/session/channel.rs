@@ -63,6 +63,11 @@ impl Listener {
         self.port
     }
 
+    /// The listening socket, for a caller that waits on several at once (poll).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.listener.as_raw_fd()
+    }
+
     /// The next connection if one is waiting.
     pub fn try_accept(&self, timeout: Duration) -> Result<Option<Channel>> {
         match self.listener.accept() {
@@ -179,6 +184,11 @@ impl Channel {
         &self.peer
     }
 
+    /// The connection's socket, for a caller that waits on several at once (poll).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.stream.as_raw_fd()
+    }
+
     pub fn name_peer(&mut self, node: &str) {
         if !self.peer.starts_with("peer ") {
             self.peer = format!("peer {node} ({})", self.peer);
@@ -268,10 +278,16 @@ impl Channel {
     }
 
     /// Non-blocking: reads whatever has arrived. Err when the peer closed the connection
-    /// or aborted; `Message` for anything but a heartbeat.
+    /// or aborted; `Message` for anything but a heartbeat. A whole message already read is
+    /// returned first, even when the peer has closed the connection since.
     pub fn poll_peer(&mut self, during: &str) -> Result<PeerPoll> {
         if let Some(msg) = self.kept.take() {
             return Ok(PeerPoll::Message(msg));
+        }
+        while let Some(msg) = self.take_frame()? {
+            if msg != Message::Heartbeat {
+                return self.unless_abort(msg).map(PeerPoll::Message);
+            }
         }
         let mut tmp = [0u8; 4096];
         // SAFETY: `tmp` is a valid writable buffer of the given length; MSG_DONTWAIT never blocks.

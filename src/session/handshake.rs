@@ -74,8 +74,8 @@ pub fn finish(chan: &mut Channel, token: Option<&Token>) -> Result<()> {
 }
 
 /// A fleet node's side: joins the coordinator of its fleet as `node` of `nodes`, sharing
-/// the schedule's fingerprint `plan`, with the proof of `token`. The coordinator answers
-/// with the first step's `Go` once every node has joined.
+/// the schedule's fingerprint `plan`, with the proof of `token`. The node then arrives at
+/// step 0; the coordinator answers with its first task once every node has.
 pub fn join(chan: &mut Channel, node: u32, nodes: u32, plan: &str, token: Option<&Token>) -> Result<()> {
     let nonce = greeting(chan)?;
     chan.send(&Message::Join { node, nodes, plan: plan.into(), auth: token.map(|t| t.proof(&nonce, "join")) })
@@ -86,9 +86,22 @@ pub fn join(chan: &mut Channel, node: u32, nodes: u32, plan: &str, token: Option
 /// before anything is allocated; the caller logs it and serves the next connection.
 /// Heartbeats do not extend this wait.
 pub fn opening(chan: &mut Channel, token: Option<&Token>, waiting_for: &str) -> Result<Message> {
+    let nonce = greet(chan)?;
+    let msg = chan.recv_handshake(waiting_for)?;
+    verify_opening(chan, msg, &nonce, token)
+}
+
+/// Server side: the greeting, with a fresh nonce (returned) for the client's proof.
+pub fn greet(chan: &mut Channel) -> Result<String> {
     let nonce = auth::nonce()?;
     chan.send(&Message::Greeting { magic: MAGIC.into(), version: PROTOCOL_VERSION, nonce: nonce.clone() })?;
-    let msg = chan.recv_handshake(waiting_for)?;
+    Ok(nonce)
+}
+
+/// Server side: a connection's first message `msg` after the greeting with `nonce`: a
+/// hello, finish or join, with the right proof of `token` when there is one (else the
+/// client is refused and hears why).
+pub fn verify_opening(chan: &mut Channel, msg: Message, nonce: &str, token: Option<&Token>) -> Result<Message> {
     let proof = match &msg {
         Message::Hello { auth, .. } | Message::Finish { auth } | Message::Join { auth, .. } => auth.as_deref(),
         other => return Err(chan.unexpected(other, "a hello")),
@@ -96,7 +109,7 @@ pub fn opening(chan: &mut Channel, token: Option<&Token>, waiting_for: &str) -> 
     if let Some(token) = token {
         let why = match proof {
             None => "it sent no token proof",
-            Some(p) if !token.verify(&nonce, msg.kind(), p) => "its token proof is wrong",
+            Some(p) if !token.verify(nonce, msg.kind(), p) => "its token proof is wrong",
             Some(_) => return Ok(msg),
         };
         let e = Error::Usage(format!(

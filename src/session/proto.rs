@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::report::RunResult;
-use crate::report::pairs::PairRow;
+use crate::report::pairs::{PairRow, Phase, Retest};
 use crate::spec::TestSpec;
 use crate::stats::ThroughputSummary;
 use crate::verbs::endpoint::Endpoint;
@@ -23,7 +23,8 @@ use crate::verbs::endpoint::Endpoint;
 /// the server's devices.
 /// v3: the server speaks first (`Greeting` with a nonce); hello and finish carry the
 /// token's proof (`session::auth`).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// v4: a fleet's coordinator hands each node its `Task` (was: `Go` with the dead nodes).
+pub const PROTOCOL_VERSION: u32 = 4;
 pub const MAGIC: &str = "rdmabench";
 
 /// One session per rail: rail `index` of the client's `devices`, paired with the server's
@@ -129,22 +130,36 @@ pub enum Message {
         #[serde(default)]
         auth: Option<String>,
     },
-    /// A fleet node is ready for step `step`, with the pairs it measured in the step before.
+    /// A fleet node is ready for step `step`, with the rows of the pairs it measured in
+    /// the step before.
     Arrive {
         step: u32,
         rows: Vec<PairRow>,
     },
-    /// The coordinator: step `step` begins. `dead`: the nodes that left the fleet;
-    /// `retest`: the step's (client, server) pairs after the planned ones; `done`: the
-    /// fleet is over.
-    Go {
-        step: u32,
-        dead: Vec<u32>,
-        #[serde(default)]
-        retest: Vec<[u32; 2]>,
-        #[serde(default)]
-        done: bool,
-    },
+    /// The coordinator: what the node does in a step (`fleet::barrier` decides).
+    Task(Task),
+}
+
+/// A fleet node's task in step `step`, handed out by the fleet's coordinator: the one
+/// authority for what each node does next.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    pub step: u32,
+    pub work: Work,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Work {
+    /// Measure against node `server` (its round of the schedule, the phases to run, and
+    /// what it retests, if it is a retest); then arrive with the pair's row.
+    Measure { server: u32, round: u32, phases: Vec<Phase>, retest: Option<Retest> },
+    /// Node `client` measures against this one (every node serves all along).
+    Serve { client: u32 },
+    /// Nothing this step.
+    Rest,
+    /// The fleet is over.
+    Done,
 }
 
 impl Message {
@@ -166,7 +181,7 @@ impl Message {
             Message::Abort { .. } => "abort",
             Message::Join { .. } => "join",
             Message::Arrive { .. } => "arrive",
-            Message::Go { .. } => "go",
+            Message::Task(_) => "task",
         }
     }
 }

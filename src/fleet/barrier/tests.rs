@@ -1,0 +1,447 @@
+//! The barrier driven by simulated nodes and simulated time: no sockets, no clock.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::*;
+use crate::fleet::schedule::{Directions, Plan};
+
+const JOIN: Duration = Duration::from_secs(60);
+const STEP: Duration = Duration::from_secs(100);
+const BOTH: [Phase; 2] = [Phase::Bandwidth, Phase::Latency];
+
+/// A fleet of simulated nodes around one barrier.
+struct Sim {
+    b: Barrier,
+    now: Duration,
+    /// Each node's task for the step it is in (None: it has none, or is out).
+    tasks: Vec<Option<Task>>,
+    dismissed: BTreeMap<u32, String>,
+    done: bool,
+    /// The rows the nodes printed (the coordinator's are in the outcome).
+    printed: Vec<PairRow>,
+    /// Bandwidth of client -> server.
+    gbps: fn(u32, u32) -> f64,
+    /// Every step's (client, server) pairs as handed out.
+    handed: BTreeMap<u32, Vec<(u32, u32)>>,
+    rng: u64,
+}
+
+fn plan(nodes: u32, directions: Directions, cap: Option<u32>) -> Plan {
+    Plan { nodes, directions, max_pairs_per_round: cap }
+}
+
+impl Sim {
+    fn new(p: Plan) -> Sim {
+        let steps = p.steps();
+        let b = Barrier::new(p.nodes, "plan".into(), &steps, &BOTH, Thresholds::default(), JOIN, STEP, Duration::ZERO);
+        Sim {
+            b,
+            now: Duration::ZERO,
+            tasks: vec![None; p.nodes as usize],
+            dismissed: BTreeMap::new(),
+            done: false,
+            printed: Vec::new(),
+            gbps: |_, _| 100.0,
+            handed: BTreeMap::new(),
+            rng: 0x9e37_79b9_7f4a_7c15,
+        }
+    }
+
+    fn random(&mut self, below: usize) -> usize {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        (self.rng % below.max(1) as u64) as usize
+    }
+
+    fn apply(&mut self, actions: Vec<Action>) {
+        for a in actions {
+            match a {
+                Action::Send { node, task } => {
+                    assert!(!self.dismissed.contains_key(&node), "a task for dismissed node {node}");
+                    assert!(!self.done, "a task after the end");
+                    if let Work::Measure { server, .. } = task.work {
+                        let step = self.handed.entry(task.step).or_default();
+                        step.push((node, server));
+                    }
+                    let slot = &mut self.tasks[node as usize];
+                    assert!(
+                        slot.as_ref().is_none_or(|t| t.step < task.step),
+                        "node {node} given {task:?} over {slot:?}"
+                    );
+                    *slot = Some(task);
+                }
+                Action::Dismiss { node, why } => {
+                    self.dismissed.insert(node, why);
+                    self.tasks[node as usize] = None;
+                }
+                Action::Done => self.done = true,
+            }
+        }
+    }
+
+    fn join(&mut self, node: u32) {
+        self.b.join(node, self.b.nodes, "plan").unwrap();
+    }
+
+    fn arrive(&mut self, node: u32, step: u32, rows: Vec<PairRow>) {
+        self.now += Duration::from_millis(7);
+        let a = self.b.arrive(node, step, rows, self.now);
+        self.apply(a);
+    }
+
+    /// The row node `node` reports for its task (`None`: it had no measurement).
+    fn row_of(&self, node: u32, task: &Task) -> Option<PairRow> {
+        let Work::Measure { server, round, retest, .. } = task.work else { return None };
+        let mut r = PairRow::failed(task.step, round, retest, node, server, PairError::node_left(String::new()));
+        (r.error, r.gbps, r.p50_us) = (None, Some((self.gbps)(node, server)), Some(5.0));
+        Some(r)
+    }
+
+    /// Every live node that has a task does it and arrives at the next step, in a random
+    /// order; false when nobody had one.
+    fn step_all(&mut self) -> bool {
+        let mut ready: Vec<u32> = (0..self.tasks.len() as u32)
+            .filter(|&i| self.tasks[i as usize].as_ref().is_some_and(|t| t.work != Work::Done))
+            .collect();
+        if ready.is_empty() {
+            return false;
+        }
+        while !ready.is_empty() {
+            let k = self.random(ready.len());
+            let node = ready.swap_remove(k);
+            self.step_one(node);
+        }
+        true
+    }
+
+    fn step_one(&mut self, node: u32) {
+        let task = self.tasks[node as usize].take().unwrap();
+        let rows: Vec<PairRow> = self.row_of(node, &task).into_iter().collect();
+        self.printed.extend(rows.iter().cloned());
+        self.arrive(node, task.step + 1, rows);
+    }
+
+    /// Everyone joins and arrives at step 0, in a random order.
+    fn start(&mut self) {
+        let mut order: Vec<u32> = (0..self.b.nodes).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, self.random(i + 1));
+        }
+        for &i in &order {
+            self.join(i);
+        }
+        for &i in &order {
+            self.arrive(i, 0, Vec::new());
+        }
+    }
+
+    fn run_out(&mut self) {
+        for _ in 0..100_000 {
+            if !self.step_all() {
+                break;
+            }
+        }
+    }
+
+    fn outcome(self) -> (Outcome, Vec<PairRow>) {
+        (self.b.into_outcome(), self.printed)
+    }
+}
+
+/// Every pair's rows across the nodes' logs and the coordinator's: (step, client, server)
+/// -> how many.
+fn printed_once(o: &Outcome, printed: &[PairRow]) -> BTreeMap<(u32, u32, u32), usize> {
+    let mut count = BTreeMap::new();
+    for r in printed.iter().chain(o.coordinator_rows()) {
+        *count.entry((r.step, r.client, r.server)).or_insert(0) += 1;
+    }
+    assert!(count.values().all(|&c| c == 1), "a row printed twice: {count:?}");
+    count
+}
+
+#[test]
+fn the_whole_plan_walks_for_2_to_64_nodes_in_any_order() {
+    for n in 2..=64 {
+        for (dirs, cap) in [(Directions::One, None), (Directions::Both, None), (Directions::Both, Some(2))] {
+            if n > 24 && cap.is_some() {
+                continue;
+            }
+            let p = plan(n, dirs, cap);
+            let mut sim = Sim::new(p);
+            sim.rng ^= n as u64 * 7919;
+            sim.start();
+            sim.run_out();
+            assert!(sim.done && sim.b.is_done(), "{n} nodes: never ended");
+            for (step, pairs) in &sim.handed {
+                let mut busy = BTreeSet::new();
+                for &(c, s) in pairs {
+                    assert!(busy.insert(c) && busy.insert(s), "{n}: a node twice in step {step}: {pairs:?}");
+                }
+            }
+            let planned: BTreeSet<(u32, u32, u32)> =
+                p.steps().iter().flat_map(|s| s.pairs.iter().map(move |q| (s.index, q.client, q.server))).collect();
+            let (o, printed) = sim.outcome();
+            let rows = printed_once(&o, &printed);
+            assert_eq!(rows.keys().copied().collect::<BTreeSet<_>>(), planned, "{n} nodes {dirs:?} {cap:?}");
+            assert!(o.dead.is_empty() && o.rows.iter().all(PairRow::ok), "{n}: {:?}", o.dead);
+            assert_eq!(o.rows.len(), planned.len(), "no retest in a healthy fleet");
+        }
+    }
+}
+
+#[test]
+fn a_server_hears_who_measures_against_it_and_the_rest_rest() {
+    let mut sim = Sim::new(plan(5, Directions::One, None));
+    sim.start();
+    let step0 = &plan(5, Directions::One, None).steps()[0];
+    for i in 0..5 {
+        let work = &sim.tasks[i as usize].as_ref().unwrap().work;
+        match step0.role_of(i) {
+            Some((p, true)) => assert!(
+                matches!(work, Work::Measure { server, phases, retest: None, .. } if *server == p.server && phases == &BOTH)
+            ),
+            Some((p, false)) => assert_eq!(work, &Work::Serve { client: p.client }),
+            None => assert_eq!(work, &Work::Rest),
+        }
+    }
+}
+
+/// Where node 3 of 6 leaves, by the step it is in.
+#[derive(Debug, Clone, Copy)]
+enum Death {
+    NeverJoins,
+    JoinsButNeverArrives,
+    LostMidStep(u32),
+    LostAfterArriving(u32),
+    LateAt(u32),
+}
+
+fn fleet_where_node_3(death: Death) -> (Outcome, Vec<PairRow>) {
+    let p = plan(6, Directions::Both, None);
+    let mut sim = Sim::new(p);
+    let others: Vec<u32> = (0..6).filter(|&i| i != 3).collect();
+    for &i in &others {
+        sim.join(i);
+    }
+    match death {
+        Death::NeverJoins => {}
+        _ => sim.join(3),
+    }
+    for &i in &others {
+        sim.arrive(i, 0, Vec::new());
+    }
+    match death {
+        Death::NeverJoins | Death::JoinsButNeverArrives => {
+            assert!(!sim.b.steps().is_empty() && sim.tasks[0].is_none(), "step 0 waits for node 3");
+            sim.now = JOIN;
+            let a = sim.b.tick(sim.now);
+            sim.apply(a);
+        }
+        _ => sim.arrive(3, 0, Vec::new()),
+    }
+    while let Some(step) = sim.tasks.iter().flatten().map(|t| t.step).next() {
+        if sim.done {
+            break;
+        }
+        match death {
+            Death::LostMidStep(k) if step == k => {
+                sim.tasks[3] = None;
+                let a = sim.b.lost(3, "closed the connection".into(), sim.now);
+                sim.apply(a);
+            }
+            Death::LostAfterArriving(k) if step == k => {
+                sim.step_one(3);
+                let a = sim.b.lost(3, "closed the connection".into(), sim.now);
+                sim.apply(a);
+            }
+            Death::LateAt(k) if step == k => {
+                sim.tasks[3] = None;
+                for &i in &others {
+                    if sim.tasks[i as usize].is_some() {
+                        sim.step_one(i);
+                    }
+                }
+                assert!(!sim.done && sim.b.next_deadline() > Some(sim.now), "waits for node 3");
+                let before = sim.b.tick(sim.now);
+                assert!(before.is_empty(), "nothing before the deadline");
+                sim.now = sim.b.next_deadline().unwrap();
+                let a = sim.b.tick(sim.now);
+                assert!(
+                    a.contains(&Action::Dismiss { node: 3, why: format!("did not reach step {} within 100 s", k + 1) }),
+                    "{a:?}"
+                );
+                sim.apply(a);
+                continue;
+            }
+            _ => {}
+        }
+        sim.step_all();
+    }
+    assert!(sim.done, "{death:?}: never ended");
+    sim.outcome()
+}
+
+#[test]
+fn a_node_dying_in_each_phase_leaves_every_pair_one_row_and_the_others_measured() {
+    let p = plan(6, Directions::Both, None);
+    let planned: BTreeSet<(u32, u32, u32)> =
+        p.steps().iter().flat_map(|s| s.pairs.iter().map(move |q| (s.index, q.client, q.server))).collect();
+    for death in [
+        Death::NeverJoins,
+        Death::JoinsButNeverArrives,
+        Death::LostMidStep(0),
+        Death::LostMidStep(4),
+        Death::LostAfterArriving(6),
+        Death::LateAt(2),
+        Death::LateAt(9),
+    ] {
+        let (o, printed) = fleet_where_node_3(death);
+        let rows = printed_once(&o, &printed);
+        assert_eq!(rows.keys().copied().collect::<BTreeSet<_>>(), planned, "{death:?}");
+        assert_eq!(o.dead.keys().copied().collect::<Vec<_>>(), [3], "{death:?}: {:?}", o.dead);
+        for r in &o.rows {
+            let with_3 = r.client == 3 || r.server == 3;
+            assert!(r.ok() || with_3, "{death:?}: a pair without node 3 failed: {r:?}");
+            if r.source == RowSource::Coordinator {
+                let e = r.error.as_ref().unwrap();
+                assert_eq!(e.kind, crate::report::pairs::FailureKind::NodeLeft, "{death:?}");
+                assert!(e.message.starts_with("node 3 "), "{death:?}: {}", e.message);
+            }
+        }
+        let why = o.dead[&3].to_string();
+        let expected = match death {
+            Death::NeverJoins => "never joined within 60 s".to_string(),
+            Death::JoinsButNeverArrives => "did not reach step 0 within 60 s".to_string(),
+            Death::LostMidStep(k) => format!("left the fleet at step {}: closed the connection", k + 1),
+            // It arrived at step k + 1 and left while the others were still in step k.
+            Death::LostAfterArriving(k) => format!("left the fleet at step {}: closed the connection", k + 1),
+            Death::LateAt(k) => format!("did not reach step {} within 100 s", k + 1),
+        };
+        assert_eq!(why, expected, "{death:?}");
+        // A node judged for leaving is not retested.
+        assert!(o.rows.iter().all(|r| !r.is_retest()), "{death:?}");
+    }
+}
+
+#[test]
+fn a_late_node_is_dismissed_and_a_node_that_left_cannot_rejoin() {
+    let mut sim = Sim::new(plan(3, Directions::One, None));
+    sim.join(0);
+    sim.join(1);
+    sim.arrive(0, 0, Vec::new());
+    sim.arrive(1, 0, Vec::new());
+    assert_eq!(sim.b.next_deadline(), Some(JOIN));
+    sim.now = JOIN;
+    let a = sim.b.tick(sim.now);
+    sim.apply(a);
+    let e = sim.b.join(2, 3, "plan").unwrap_err();
+    assert_eq!(e, "node 2 never joined within 60 s; the fleet went on without it");
+    assert!(sim.tasks[0].is_some() && sim.tasks[1].is_some());
+    // A node lost in step 0 cannot come back either.
+    sim.tasks[1] = None;
+    let a = sim.b.lost(1, "reset".into(), sim.now);
+    sim.apply(a);
+    assert!(sim.b.join(1, 3, "plan").unwrap_err().contains("left the fleet at step 1: reset"));
+    assert!(sim.b.join(0, 3, "plan").unwrap_err().contains("joined already"));
+}
+
+#[test]
+fn joins_with_another_plan_or_index_are_refused() {
+    let mut sim = Sim::new(plan(4, Directions::One, None));
+    assert!(sim.b.join(0, 4, "other").unwrap_err().contains("is not this fleet's"));
+    assert!(sim.b.join(0, 5, "plan").unwrap_err().contains("is not this fleet's"));
+    assert!(sim.b.join(4, 4, "plan").unwrap_err().contains("no node of a fleet of 4"));
+}
+
+#[test]
+fn forged_duplicate_missing_and_out_of_turn_rows_dismiss_their_sender() {
+    type Forge = fn(&mut Vec<PairRow>, u32);
+    let cases: [(&str, Forge); 5] = [
+        ("another node's pair", |rows, _| rows[0].client = (rows[0].client + 1) % 4),
+        ("twice", |rows, _| rows.push(rows[0].clone())),
+        ("none", |rows, _| rows.clear()),
+        ("a step that is not this one", |rows, _| rows[0].step += 1),
+        ("a retest it was not given", |rows, n| rows[0].retest = Some(Retest::Node { node: n })),
+    ];
+    for (what, forge) in cases {
+        let mut sim = Sim::new(plan(4, Directions::One, None));
+        sim.start();
+        let task = sim.tasks[0].take().unwrap();
+        let mut rows: Vec<PairRow> = sim.row_of(0, &task).into_iter().collect();
+        forge(&mut rows, 0);
+        let a = sim.b.arrive(0, 1, rows, sim.now);
+        assert!(
+            matches!(&a[0], Action::Dismiss { node: 0, why } if why.starts_with("sent a bad row at step 1")),
+            "{what}: {a:?}"
+        );
+        sim.apply(a);
+        sim.run_out();
+        assert!(sim.done, "{what}");
+        let (o, printed) = sim.outcome();
+        printed_once(&o, &printed);
+        assert!(o.dead.contains_key(&0), "{what}");
+    }
+    // A second arrival, or one for another step, is out of turn.
+    let mut sim = Sim::new(plan(4, Directions::One, None));
+    sim.start();
+    sim.step_one(1);
+    let a = sim.b.arrive(1, 1, Vec::new(), sim.now);
+    assert!(
+        matches!(&a[0], Action::Dismiss { node: 1, why } if why == "sent a second arrival where its arrival at step 1 was due"),
+        "{a:?}"
+    );
+    let a = sim.b.arrive(2, 7, Vec::new(), sim.now);
+    assert!(matches!(&a[0], Action::Dismiss { node: 2, .. }), "{a:?}");
+    let a = sim.b.out_of_turn(3, "hello", sim.now);
+    assert!(
+        matches!(&a[0], Action::Dismiss { node: 3, why } if why == "sent hello where its arrival at step 1 was due"),
+        "{a:?}"
+    );
+}
+
+#[test]
+fn a_slow_node_and_a_slow_link_are_retested_after_the_plan_against_the_best_good_node() {
+    let p = plan(6, Directions::Both, None);
+    let mut sim = Sim::new(p);
+    sim.gbps = |c, s| {
+        let node = if c == 2 || s == 2 { 0.5 } else { 1.0 };
+        let link = if (c.min(s), c.max(s)) == (1, 4) { 0.5 } else { 1.0 };
+        // Node 5 is the best, by a little.
+        let best = if c == 5 || s == 5 { 1.01 } else { 1.0 };
+        100.0 * node * link * best
+    };
+    sim.start();
+    let planned = p.steps().len() as u32;
+    sim.run_out();
+    assert!(sim.done);
+    let retests: Vec<(u32, u32, u32)> = sim
+        .handed
+        .iter()
+        .filter(|(s, _)| **s >= planned)
+        .flat_map(|(s, v)| v.iter().map(move |&(c, v)| (*s, c, v)))
+        .collect();
+    assert_eq!(retests, [(planned, 1, 4), (planned, 2, 5)], "node 2 against node 5, and link 1-4, in one step");
+    let (o, printed) = sim.outcome();
+    printed_once(&o, &printed);
+    let mut kinds: Vec<String> = o.rows.iter().filter_map(|r| r.retest).map(|r| r.to_string()).collect();
+    kinds.sort();
+    assert_eq!(kinds, ["a retest of link 1 - 4", "a retest of node 2"]);
+    let a = rows::judge(6, &o.rows, &Thresholds::default());
+    assert_eq!((a.bad_nodes(), a.bad_links()), (vec![2], vec![(1, 4)]), "both confirmed");
+}
+
+#[test]
+fn a_node_that_only_failed_is_not_retested() {
+    let mut sim = Sim::new(plan(4, Directions::One, None));
+    sim.start();
+    let task = sim.tasks[2].take().unwrap();
+    let _ = task;
+    let a = sim.b.lost(2, "killed".into(), sim.now);
+    sim.apply(a);
+    sim.run_out();
+    let (o, _) = sim.outcome();
+    assert!(o.rows.iter().all(|r| !r.is_retest()));
+    let a = rows::judge(4, &o.rows, &Thresholds::default());
+    assert_eq!(a.bad_nodes(), [2], "{:#?}", a.nodes);
+}

@@ -1,0 +1,243 @@
+//! The barrier's socket layer, on node 0: one thread that waits on readiness (poll(2) on
+//! the listening socket and every connection) until something arrives or the barrier's
+//! next deadline, feeds what arrived to the [`Barrier`] and sends what it decides. While
+//! nothing arrives it sleeps in the kernel, waking only to look at signals.
+//!
+//! New connections are greeted and must join with the token's proof; a node that joins
+//! is the barrier's to judge (its plan, its index, whether the fleet began without it).
+
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+
+use super::barrier::{Action, Barrier, Outcome};
+use crate::error::{Error, Result};
+use crate::session::auth::Token;
+use crate::session::{Channel, Listener, Message, PeerPoll, handshake};
+use crate::signals;
+
+/// The longest the coordinator sleeps without looking at signals.
+const SIGNAL_CHECK: Duration = Duration::from_millis(250);
+/// Connections still opening at most; more are closed at once, so a flood of idle ones
+/// cannot hold the barrier's table.
+const MAX_OPENING: usize = 64;
+
+/// A connection greeted and not yet joined.
+struct Opening {
+    chan: Channel,
+    nonce: String,
+    until: Instant,
+}
+
+pub struct Coordinator {
+    pub listener: Listener,
+    pub token: Option<Token>,
+    /// How long a connection may take to join, and to take a message (`--timeout`).
+    pub timeout: Duration,
+    pub barrier: Barrier,
+}
+
+impl Coordinator {
+    /// Runs the fleet until the barrier says it is over; `start` is the barrier's time 0.
+    pub fn run(mut self, start: Instant) -> Result<Outcome> {
+        let mut links = Links { nodes: (0..self.barrier.nodes()).map(|_| None).collect(), start };
+        let mut openings: Vec<Opening> = Vec::new();
+        while !self.barrier.is_done() {
+            if let Err(e) = signals::check() {
+                links.abort_all(&e);
+                return Err(e);
+            }
+            let acts = self.barrier.tick(links.now());
+            links.perform(&mut self.barrier, acts);
+            if self.barrier.is_done() {
+                break;
+            }
+            let now = Instant::now();
+            openings.retain(|o| {
+                let keep = o.until > now;
+                if !keep {
+                    eprintln!(
+                        "rdmabench: fleet: {} did not join within {:.0} s",
+                        o.chan.peer(),
+                        self.timeout.as_secs_f64()
+                    );
+                }
+                keep
+            });
+            let wait = self.next_wake(&links, &openings);
+            let mut fds: Vec<libc::pollfd> = Vec::with_capacity(1 + openings.len() + links.nodes.len());
+            fds.push(readable(self.listener.raw_fd()));
+            fds.extend(openings.iter().map(|o| readable(o.chan.raw_fd())));
+            let node_fds: Vec<(u32, RawFd)> = links.live_fds();
+            fds.extend(node_fds.iter().map(|&(_, fd)| readable(fd)));
+            // SAFETY: `fds` is a valid array of `fds.len()` pollfd entries for the call.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait.as_millis() as libc::c_int) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(Error::Environment(format!("the fleet's barrier cannot wait on its connections: {e}")));
+            }
+            if n == 0 {
+                continue;
+            }
+            let fired = |k: usize| fds[k].revents != 0;
+            let opened: Vec<usize> = (0..openings.len()).filter(|&k| fired(1 + k)).collect();
+            for (k, &(node, _)) in node_fds.iter().enumerate() {
+                if fired(1 + openings.len() + k) {
+                    links.drain(&mut self.barrier, node);
+                }
+            }
+            // Highest first, so the indexes left to take stay valid.
+            for k in opened.into_iter().rev() {
+                let o = openings.swap_remove(k);
+                self.opened(o, &mut links, &mut openings);
+            }
+            if fired(0) {
+                self.accept(&mut openings);
+            }
+        }
+        drop(links);
+        Ok(self.barrier.into_outcome())
+    }
+
+    /// How long poll may sleep: until the barrier's deadline or an opening's, and no
+    /// longer than a signal may wait to be seen.
+    fn next_wake(&self, links: &Links, openings: &[Opening]) -> Duration {
+        let mut wait = SIGNAL_CHECK;
+        if let Some(d) = self.barrier.next_deadline() {
+            wait = wait.min(d.saturating_sub(links.now()));
+        }
+        let now = Instant::now();
+        for o in openings {
+            wait = wait.min(o.until.saturating_duration_since(now));
+        }
+        // Round up to the next millisecond, so a deadline is never polled as 0 again and again.
+        wait + Duration::from_micros(999)
+    }
+
+    /// Greets every waiting connection.
+    fn accept(&self, openings: &mut Vec<Opening>) {
+        loop {
+            let mut chan = match self.listener.try_accept(self.timeout) {
+                Ok(Some(c)) => c,
+                Ok(None) => return,
+                Err(e) => {
+                    eprintln!("rdmabench: fleet: {e}");
+                    return;
+                }
+            };
+            if openings.len() >= MAX_OPENING {
+                eprintln!(
+                    "rdmabench: fleet: a connection from {} was closed at once: {MAX_OPENING} others are still joining",
+                    chan.peer()
+                );
+                continue;
+            }
+            match handshake::greet(&mut chan) {
+                Ok(nonce) => openings.push(Opening { chan, nonce, until: Instant::now() + self.timeout }),
+                Err(e) => eprintln!("rdmabench: fleet: a connection ended before it joined: {e}"),
+            }
+        }
+    }
+
+    /// A connection that is joining has something to say.
+    fn opened(&mut self, mut o: Opening, links: &mut Links, openings: &mut Vec<Opening>) {
+        let msg = match o.chan.poll_peer("its join") {
+            Ok(PeerPoll::Quiet) => return openings.push(o),
+            Ok(PeerPoll::Message(m)) => m,
+            Err(e) => return eprintln!("rdmabench: fleet: a connection ended before it joined: {e}"),
+        };
+        let msg = match handshake::verify_opening(&mut o.chan, msg, &o.nonce, self.token.as_ref()) {
+            Ok(m) => m,
+            Err(e) => return eprintln!("rdmabench: fleet: refused a join from {}: {e}", o.chan.peer()),
+        };
+        let why = match msg {
+            Message::Join { node, nodes, plan, .. } => match self.barrier.join(node, nodes, &plan) {
+                Ok(()) => {
+                    links.nodes[node as usize] = Some(o.chan);
+                    // Its arrival may have come with its join.
+                    links.drain(&mut self.barrier, node);
+                    return;
+                }
+                Err(why) => why,
+            },
+            other => format!("this is a fleet's barrier; a {} has no place here", other.kind()),
+        };
+        eprintln!("rdmabench: fleet: refused a join from {}: {why}", o.chan.peer());
+        let _ = o.chan.send(&Message::Refuse { code: 2, message: why });
+    }
+}
+
+fn readable(fd: RawFd) -> libc::pollfd {
+    libc::pollfd { fd, events: libc::POLLIN, revents: 0 }
+}
+
+/// The joined nodes' connections, by index (None: not joined, or out).
+struct Links {
+    nodes: Vec<Option<Channel>>,
+    start: Instant,
+}
+
+impl Links {
+    fn now(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    fn live_fds(&self) -> Vec<(u32, RawFd)> {
+        self.nodes.iter().enumerate().filter_map(|(i, c)| c.as_ref().map(|c| (i as u32, c.raw_fd()))).collect()
+    }
+
+    /// Feeds every whole message node `node` has sent to the barrier.
+    fn drain(&mut self, barrier: &mut Barrier, node: u32) {
+        while let Some(chan) = self.nodes[node as usize].as_mut() {
+            let acts = match chan.poll_peer("its arrival") {
+                Ok(PeerPoll::Quiet) => return,
+                Ok(PeerPoll::Message(Message::Arrive { step, rows })) => barrier.arrive(node, step, rows, self.now()),
+                Ok(PeerPoll::Message(other)) => barrier.out_of_turn(node, other.kind(), self.now()),
+                Err(e) => {
+                    self.nodes[node as usize] = None;
+                    barrier.lost(node, e.message(), self.now())
+                }
+            };
+            self.perform(barrier, acts);
+        }
+    }
+
+    /// Does what the barrier decided; a send that fails is the node's loss, which the
+    /// barrier hears in turn.
+    fn perform(&mut self, barrier: &mut Barrier, mut acts: Vec<Action>) {
+        while !acts.is_empty() {
+            let mut more = Vec::new();
+            for a in acts {
+                match a {
+                    Action::Send { node, task } => {
+                        let Some(chan) = self.nodes[node as usize].as_mut() else { continue };
+                        if let Err(e) = chan.send(&Message::Task(task)) {
+                            self.nodes[node as usize] = None;
+                            more.extend(barrier.lost(node, e.message(), self.now()));
+                        }
+                    }
+                    Action::Dismiss { node, why } => {
+                        if let Some(mut chan) = self.nodes[node as usize].take() {
+                            eprintln!("rdmabench: fleet: node {node} {why}");
+                            chan.abort(&Error::Peer(format!("the fleet's barrier dismissed node {node}: it {why}")));
+                        }
+                    }
+                    Action::Done => {}
+                }
+            }
+            acts = more;
+        }
+    }
+
+    /// Tells every node why the barrier stops.
+    fn abort_all(&mut self, e: &Error) {
+        for chan in self.nodes.iter_mut().flatten() {
+            chan.abort(e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

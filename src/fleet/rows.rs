@@ -1,0 +1,159 @@
+//! A fleet's rows as a whole: indexed once by pair (an N x N table, so a thousand nodes
+//! cost what their million rows cost), completed with a failed row for every planned
+//! pair no row reports, and judged. The coordinator (node 0) and `summarize` both go
+//! from rows to a verdict through here.
+
+use std::collections::HashSet;
+
+use super::attribution::{self, Attribution, Observation, Thresholds};
+use super::schedule::Pair;
+use crate::report::pairs::{PairError, PairRow, Retest, RowSource};
+
+/// An index of `n` nodes' ordered pairs: which item (row, observation) each pair's is.
+#[derive(Debug, Clone)]
+pub struct PairTable {
+    n: usize,
+    cell: Vec<u32>,
+}
+
+const EMPTY: u32 = u32::MAX;
+
+impl PairTable {
+    pub fn new(nodes: u32) -> PairTable {
+        let n = nodes as usize;
+        PairTable { n, cell: vec![EMPTY; n * n] }
+    }
+
+    /// The planned (not retest) rows of `rows`, by pair; the first of two rows for one
+    /// pair is kept.
+    pub fn planned(nodes: u32, rows: &[PairRow]) -> PairTable {
+        let mut t = PairTable::new(nodes);
+        for (i, r) in rows.iter().enumerate().filter(|(_, r)| !r.is_retest()) {
+            t.insert_first(r.client, r.server, i);
+        }
+        t
+    }
+
+    fn at(&self, client: u32, server: u32) -> Option<usize> {
+        let (c, s) = (client as usize, server as usize);
+        (c < self.n && s < self.n).then_some(c * self.n + s)
+    }
+
+    /// Records `item` for `client -> server` unless the pair has one already.
+    pub fn insert_first(&mut self, client: u32, server: u32, item: usize) {
+        if let Some(at) = self.at(client, server)
+            && self.cell[at] == EMPTY
+        {
+            self.cell[at] = item as u32;
+        }
+    }
+
+    pub fn get(&self, client: u32, server: u32) -> Option<usize> {
+        self.at(client, server).map(|at| self.cell[at]).filter(|&i| i != EMPTY).map(|i| i as usize)
+    }
+
+    pub fn nodes(&self) -> u32 {
+        self.n as u32
+    }
+}
+
+/// One planned pair: its step and round, and whether it is a retest (and of what).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expected {
+    pub step: u32,
+    pub round: u32,
+    pub retest: Option<Retest>,
+    pub pair: Pair,
+}
+
+/// A failed row, written by the coordinator, for every `expected` pair that no row of
+/// `present` reports at its step; `why` says why it is missing.
+pub fn missing<'a>(
+    present: impl IntoIterator<Item = &'a PairRow>,
+    expected: &[Expected],
+    why: impl Fn(&Expected) -> PairError,
+) -> Vec<PairRow> {
+    let have: HashSet<(u32, u32, u32)> = present.into_iter().map(|r| (r.step, r.client, r.server)).collect();
+    expected
+        .iter()
+        .filter(|e| !have.contains(&(e.step, e.pair.client, e.pair.server)))
+        .map(|e| {
+            let mut r = PairRow::failed(e.step, e.round, e.retest, e.pair.client, e.pair.server, why(e));
+            r.source = RowSource::Coordinator;
+            r
+        })
+        .collect()
+}
+
+/// Where a node printed its own row and the coordinator, which did not receive it (the
+/// node died before its next arrival), printed a failed one: the node's own is the pair's.
+/// Returns how many coordinator rows gave way.
+pub fn prefer_measured(rows: &mut Vec<PairRow>) -> usize {
+    let measured: HashSet<(u32, u32, u32)> =
+        rows.iter().filter(|r| r.source == RowSource::Client).map(|r| (r.step, r.client, r.server)).collect();
+    let before = rows.len();
+    rows.retain(|r| r.source == RowSource::Client || !measured.contains(&(r.step, r.client, r.server)));
+    before - rows.len()
+}
+
+/// A row as the verdict's arithmetic sees it.
+pub fn observation(r: &PairRow) -> Observation {
+    Observation {
+        client: r.client,
+        server: r.server,
+        gbps: r.gbps,
+        p50_us: r.p50_us,
+        error: r.error.as_ref().map(|e| e.to_string()),
+        retest: r.retest,
+    }
+}
+
+/// The fleet's verdict from its rows: the one path from rows to a verdict.
+pub fn judge(nodes: u32, rows: &[PairRow], t: &Thresholds) -> Attribution {
+    let observations: Vec<Observation> = rows.iter().map(observation).collect();
+    attribution::judge(nodes, &observations, t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::pairs::Phase;
+
+    fn ok_row(step: u32, client: u32, server: u32) -> PairRow {
+        let mut r = PairRow::failed(step, 0, None, client, server, PairError::node_left(String::new()));
+        r.error = None;
+        r.gbps = Some(1.0);
+        r
+    }
+
+    #[test]
+    fn the_table_finds_each_planned_pair_and_keeps_the_first() {
+        let mut rows = vec![ok_row(0, 0, 1), ok_row(1, 1, 0), ok_row(2, 2, 1)];
+        let mut retest = ok_row(9, 0, 1);
+        retest.retest = Some(Retest::Link { a: 0, b: 1 });
+        rows.push(retest);
+        rows.push(ok_row(5, 0, 1));
+        let t = PairTable::planned(3, &rows);
+        assert_eq!((t.get(0, 1), t.get(1, 0), t.get(2, 1), t.get(1, 2)), (Some(0), Some(1), Some(2), None));
+        assert_eq!(t.get(7, 1), None, "outside the fleet");
+    }
+
+    #[test]
+    fn missing_pairs_become_coordinator_rows_and_a_nodes_own_row_wins() {
+        let expected = [
+            Expected { step: 3, round: 1, retest: None, pair: Pair { client: 0, server: 1 } },
+            Expected { step: 3, round: 1, retest: None, pair: Pair { client: 2, server: 3 } },
+        ];
+        let present = [ok_row(3, 0, 1), ok_row(2, 2, 3)];
+        let filled = missing(&present, &expected, |e| PairError::node_left(format!("node {} left", e.pair.client)));
+        assert_eq!(filled.len(), 1);
+        assert_eq!((filled[0].step, filled[0].client, filled[0].source), (3, 2, RowSource::Coordinator));
+        assert_eq!(filled[0].error.as_ref().unwrap().to_string(), "node 2 left");
+        let mut all = vec![ok_row(3, 2, 3)];
+        all[0].error = Some(PairError::of(&crate::Error::Peer("x".into()), Some(Phase::Bandwidth)));
+        all.extend(filled);
+        assert_eq!(prefer_measured(&mut all), 1);
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].source, RowSource::Client);
+    }
+}
