@@ -383,3 +383,24 @@ mod lab_scripts {
         );
     }
 }
+
+/// A fleet node whose port is taken stops at once with the reason (exit 3), before it
+/// joins: it would otherwise serve nothing and be judged for failing against its partners.
+#[test]
+fn a_fleet_node_whose_port_is_taken_stops_before_joining() {
+    let taken = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    // Node 1 serves on -p + 1: give the base one below the taken port.
+    let base = (port - 1).to_string();
+    let start = std::time::Instant::now();
+    let out = Command::new(BIN)
+        .args(["fleet", "--index", "1", "--pods", "3", "--peers", "127.0.0.1,127.0.0.1,127.0.0.1", "-p", &base])
+        .args(["--connect-timeout", "60"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains(&format!("port {port}")) && stderr.contains("pick another port with -p"), "{stderr}");
+    assert!(start.elapsed() < std::time::Duration::from_secs(30), "it waited to join: {:?}", start.elapsed());
+    drop(taken);
+}

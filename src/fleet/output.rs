@@ -52,14 +52,20 @@ pub fn matrix_csv(nodes: u32, rows: &[PairRow], metric: &str) -> String {
     let table = PairTable::planned(nodes, rows);
     let mut out = format!("client/server,{}\n", label.join(","));
     for i in 0..nodes {
-        let cells: Vec<String> = (0..nodes)
-            .map(|j| match table.get(i, j).map(|k| &rows[k]) {
-                Some(r) if !r.ok() => "failed".into(),
-                Some(r) => figure(r, metric).map_or(String::new(), |v| format!("{v:.3}")),
-                None => String::new(),
-            })
-            .collect();
-        let _ = writeln!(out, "{},{}", label[i as usize], cells.join(","));
+        out.push_str(&label[i as usize]);
+        for j in 0..nodes {
+            out.push(',');
+            match table.get(i, j).map(|k| &rows[k]) {
+                Some(r) if !r.ok() => out.push_str("failed"),
+                Some(r) => {
+                    if let Some(v) = figure(r, metric) {
+                        let _ = write!(out, "{v:.3}");
+                    }
+                }
+                None => {}
+            }
+        }
+        out.push('\n');
     }
     out
 }
@@ -217,6 +223,16 @@ pub fn summary_md(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds)
     s
 }
 
+/// Every row as a JSON line.
+fn pairs_jsonl(rows: &[PairRow]) -> String {
+    let mut out = Vec::with_capacity(rows.len() * 512);
+    for r in rows {
+        serde_json::to_writer(&mut out, r).expect("a row serialises");
+        out.push(b'\n');
+    }
+    String::from_utf8(out).expect("JSON is UTF-8")
+}
+
 fn sentences<R: std::fmt::Display>(reasons: &[R]) -> String {
     reasons.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("; ")
 }
@@ -225,10 +241,7 @@ fn sentences<R: std::fmt::Display>(reasons: &[R]) -> String {
 pub fn write_all(dir: &Path, nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds) -> Result<Vec<String>> {
     std::fs::create_dir_all(dir).map_err(|e| Error::Usage(format!("cannot create {}: {e}", dir.display())))?;
     let mut files: Vec<(String, String)> = vec![
-        (
-            "pairs.jsonl".into(),
-            rows.iter().map(|r| serde_json::to_string(r).expect("a row serialises") + "\n").collect(),
-        ),
+        ("pairs.jsonl".into(), pairs_jsonl(rows)),
         ("verdict.json".into(), verdict_json(nodes, rows, a, t)),
         ("heatmap.svg".into(), heatmap_svg(nodes, rows, a)),
         ("summary.md".into(), summary_md(nodes, rows, a, t)),

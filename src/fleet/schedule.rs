@@ -9,8 +9,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// The most nodes one fleet may have (the Job's pod limit).
-pub const MAX_NODES: u32 = 1000;
+/// The most nodes one fleet may have: a thousand-node cluster of a power of two, with
+/// every node's port above the base port (`-p` + index) and a million rows to judge.
+pub const MAX_NODES: u32 = 1024;
 
 /// Which directions of each pair are measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]

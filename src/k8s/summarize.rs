@@ -108,9 +108,17 @@ fn records<T: serde::de::DeserializeOwned>(
     what: &str,
 ) -> Result<Vec<T>> {
     let mut out: Vec<T> = Vec::new();
-    let mut seen = std::collections::BTreeMap::new();
-    for (n, line) in reader.lines().enumerate() {
-        let line = line.map_err(|e| Error::Usage(format!("cannot read the logs: {e}")))?;
+    let mut seen = std::collections::HashMap::new();
+    let mut reader = reader;
+    let mut line = String::new();
+    for n in 0usize.. {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => return Err(Error::Usage(format!("cannot read the logs: {e}"))),
+        }
+        let line = line.trim_end_matches(['\n', '\r']);
         let Some(at) = line.find(mark) else { continue };
         if !log_prefix(&line[..at]) {
             return Err(Error::Usage(format!(
@@ -543,5 +551,49 @@ mod tests {
         assert!(e.message().contains("after other text"), "{}", e.message());
         let plain = line(0, 1, 0, Some(1.0)).split_once("] ").unwrap().1.to_string();
         assert_eq!(parse(plain.as_bytes()).unwrap().len(), 1, "no prefix at all");
+    }
+
+    /// A healthy fleet's row for `client -> server` at `step`, as its node prints it.
+    fn pair_line(step: u32, client: u32, server: u32) -> String {
+        let mut r = PairRow::failed(step, 0, None, client, server, PairError::node_left(String::new()));
+        (r.error, r.gbps, r.p50_us, r.p99_us) = (None, Some(100.0), Some(5.0), Some(7.0));
+        r.line()
+    }
+
+    #[test]
+    fn a_fleet_with_a_dead_node_summarizes_with_its_own_rows_first() {
+        let plan = Plan { nodes: 4, directions: crate::fleet::schedule::Directions::Both, max_pairs_per_round: None };
+        let mut lines = Vec::new();
+        for step in plan.steps() {
+            for p in &step.pairs {
+                let with_2 = p.client == 2 || p.server == 2;
+                if !with_2 || step.index == 0 {
+                    lines.push(pair_line(step.index, p.client, p.server));
+                }
+                // Node 2 printed its step-0 row and died before its next arrival: node 0
+                // printed a failed row for that pair too, and for every later pair of node 2.
+                if with_2 && (step.index > 0 || p.client == 2) {
+                    let why = PairError::node_left("node 2 left the fleet at step 1: killed".into());
+                    let mut r = PairRow::failed(step.index, step.round, None, p.client, p.server, why);
+                    r.source = RowSource::Coordinator;
+                    lines.push(r.line());
+                }
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("fleet.log");
+        std::fs::write(&log, lines.join("\n")).unwrap();
+        let mut out = Vec::new();
+        let e =
+            all_pairs(&[log.display().to_string()], &plan, &Thresholds::default(), None, true, &mut out).unwrap_err();
+        assert_eq!(e.exit_code(), 1, "{e}");
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["bad_nodes"], serde_json::json!(["node-2"]), "{v:#}");
+        assert!(v["bad_links"].as_array().unwrap().is_empty());
+        // The same row twice from one source is still refused.
+        let twice = format!("{}\n{}", pair_line(0, 0, 1), pair_line(0, 0, 1));
+        std::fs::write(&log, twice).unwrap();
+        let e = all_pairs(&[log.display().to_string()], &plan, &Thresholds::default(), None, true, &mut Vec::new());
+        assert!(e.unwrap_err().message().contains("a second pair 0 -> 1"));
     }
 }

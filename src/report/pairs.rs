@@ -179,8 +179,6 @@ pub struct PairRow {
     pub error: Option<PairError>,
 }
 
-/// The most pairs one message or one log may carry (1000 nodes, both directions, retests).
-pub const MAX_PAIRS: usize = 2_000_000;
 /// The longest error message a row may carry from a peer.
 pub const MAX_ERROR_LEN: usize = 4096;
 
