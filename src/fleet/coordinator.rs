@@ -155,6 +155,7 @@ impl Coordinator {
         let why = match msg {
             Message::Join { node, nodes, plan, .. } => match self.barrier.join(node, nodes, &plan) {
                 Ok(()) => {
+                    o.chan.name_peer(&format!("node-{node}"));
                     links.nodes[node as usize] = Some(o.chan);
                     // Its arrival may have come with its join.
                     links.drain(&mut self.barrier, node);

@@ -67,16 +67,18 @@ pub struct Expected {
 }
 
 /// A failed row, written by the coordinator, for every `expected` pair that no row of
-/// `present` reports at its step; `why` says why it is missing.
+/// `present` reports (a planned pair by any planned row of it, a retest by a retest: the
+/// step numbers depend on the fleet's cap, which its logs do not say); `why` says why it
+/// is missing.
 pub fn missing<'a>(
     present: impl IntoIterator<Item = &'a PairRow>,
     expected: &[Expected],
     why: impl Fn(&Expected) -> PairError,
 ) -> Vec<PairRow> {
-    let have: HashSet<(u32, u32, u32)> = present.into_iter().map(|r| (r.step, r.client, r.server)).collect();
+    let have: HashSet<(u32, u32, bool)> = present.into_iter().map(|r| (r.client, r.server, r.is_retest())).collect();
     expected
         .iter()
-        .filter(|e| !have.contains(&(e.step, e.pair.client, e.pair.server)))
+        .filter(|e| !have.contains(&(e.pair.client, e.pair.server, e.retest.is_some())))
         .map(|e| {
             let mut r = PairRow::failed(e.step, e.round, e.retest, e.pair.client, e.pair.server, why(e));
             r.source = RowSource::Coordinator;
@@ -144,7 +146,9 @@ mod tests {
             Expected { step: 3, round: 1, retest: None, pair: Pair { client: 0, server: 1 } },
             Expected { step: 3, round: 1, retest: None, pair: Pair { client: 2, server: 3 } },
         ];
-        let present = [ok_row(3, 0, 1), ok_row(2, 2, 3)];
+        let mut retest = ok_row(3, 2, 3);
+        retest.retest = Some(Retest::Node { node: 2 });
+        let present = [ok_row(7, 0, 1), retest];
         let filled = missing(&present, &expected, |e| PairError::node_left(format!("node {} left", e.pair.client)));
         assert_eq!(filled.len(), 1);
         assert_eq!((filled[0].step, filled[0].client, filled[0].source), (3, 2, RowSource::Coordinator));

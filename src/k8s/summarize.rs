@@ -562,9 +562,12 @@ mod tests {
 
     #[test]
     fn a_fleet_with_a_dead_node_summarizes_with_its_own_rows_first() {
-        let plan = Plan { nodes: 4, directions: crate::fleet::schedule::Directions::Both, max_pairs_per_round: None };
+        // The fleet ran with --max-pairs-per-round 1, which summarize is not told.
+        let fleet =
+            Plan { nodes: 4, directions: crate::fleet::schedule::Directions::Both, max_pairs_per_round: Some(1) };
+        let plan = Plan { max_pairs_per_round: None, ..fleet };
         let mut lines = Vec::new();
-        for step in plan.steps() {
+        for step in fleet.steps() {
             for p in &step.pairs {
                 let with_2 = p.client == 2 || p.server == 2;
                 if !with_2 || step.index == 0 {
@@ -589,6 +592,9 @@ mod tests {
         assert_eq!(e.exit_code(), 1, "{e}");
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["bad_nodes"], serde_json::json!(["node-2"]), "{v:#}");
+        let failed: Vec<_> =
+            v["attribution"]["nodes"].as_array().unwrap().iter().map(|n| n["failed_partners"].clone()).collect();
+        assert_eq!(failed, [1, 1, 3, 1], "node 2 failed against all 3 partners, each other node against node 2 only");
         assert!(v["bad_links"].as_array().unwrap().is_empty());
         // The same row twice from one source is still refused.
         let twice = format!("{}\n{}", pair_line(0, 0, 1), pair_line(0, 0, 1));
