@@ -152,6 +152,7 @@ fn the_coordinator_sleeps_while_nothing_arrives() {
     std::thread::sleep(Duration::from_secs(2));
     let woke = sleeps(tid) - before;
     // It looks at signals 4 times a second; a sweep every 5 ms would be 400 wake-ups.
+    eprintln!("the coordinator woke {woke} times in 2 s with 31 quiet connections");
     assert!(woke <= 16, "the coordinator woke {woke} times in 2 s with nothing to do");
     drop(quiet);
     let o = c.join().unwrap().unwrap();
