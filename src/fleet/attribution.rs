@@ -6,10 +6,16 @@
 //! effect, as a ratio to the typical node, is below `node_min_ratio`, when its robust
 //! z-score (against the median and MAD of all effects) is below `node_min_z`, or when it
 //! failed against at least `fail_share` of its partners. A link is bad when its residual,
-//! as a ratio, is below `link_min_ratio` (or the pair failed) and neither end is bad.
+//! as a ratio, is below `link_min_ratio` and its robust z-score (against the median and
+//! MAD of all links' residuals) is below `link_min_z`, so a fleet's own noise does not
+//! name links, or when the pair failed; and neither end is bad.
 //! Latency: a pair is slow when its p50 is above `latency_max_ratio` times the fleet's
-//! best pair (ClusterKit's 2.1x); a node is slow when the median of its pairs is, a link
-//! when it is and neither end is. Pure arithmetic on plain rows; tests give it matrices.
+//! typical pair (the median of the pairs' p50: ClusterKit's 2.1x is against its best pair,
+//! which one lucky pair sets); a node is slow when the median of its pairs is, a link when
+//! it is and neither end is.
+//! A pair that failed and passed its retest is flaky: judged by its retest's figures and
+//! listed, and the fleet fails when more than `max_flaky_pairs` are.
+//! Pure arithmetic on plain rows; tests give it matrices.
 
 use std::fmt;
 
@@ -25,8 +31,10 @@ pub struct Thresholds {
     pub node_min_ratio: f64,
     pub node_min_z: f64,
     pub link_min_ratio: f64,
+    pub link_min_z: f64,
     pub fail_share: f64,
     pub latency_max_ratio: f64,
+    pub max_flaky_pairs: u32,
 }
 
 impl Default for Thresholds {
@@ -35,8 +43,10 @@ impl Default for Thresholds {
             node_min_ratio: 0.93,
             node_min_z: -3.5,
             link_min_ratio: 0.93,
+            link_min_z: -4.5,
             fail_share: 0.5,
             latency_max_ratio: 2.1,
+            max_flaky_pairs: 0,
         }
     }
 }
@@ -53,8 +63,10 @@ impl Thresholds {
         ratio("node_min_ratio", self.node_min_ratio)?;
         ratio("link_min_ratio", self.link_min_ratio)?;
         ratio("fail_share", self.fail_share)?;
-        if !(self.node_min_z.is_finite() && self.node_min_z < 0.0) {
-            return Err(format!("node_min_z = {}: use a negative z-score, like -3.5", self.node_min_z));
+        for (name, z) in [("node_min_z", self.node_min_z), ("link_min_z", self.link_min_z)] {
+            if !(z.is_finite() && z < 0.0) {
+                return Err(format!("{name} = {z}: use a negative z-score, like -3.5"));
+            }
         }
         if !(self.latency_max_ratio.is_finite() && self.latency_max_ratio > 1.0) {
             return Err(format!("latency_max_ratio = {}: use a ratio above 1, like 2.1", self.latency_max_ratio));
@@ -74,6 +86,9 @@ pub struct Observation {
     pub p50_us: Option<f64>,
     /// Why the pair failed, if it did.
     pub error: Option<String>,
+    /// The node of the pair that left the fleet, when that is why it failed: the failure
+    /// counts against that node only.
+    pub left: Option<u32>,
     /// A retest after the planned rounds, and of what (`judge` weighs it; the fit leaves
     /// it out).
     pub retest: Option<Retest>,
@@ -146,7 +161,7 @@ impl fmt::Display for NodeReason {
                 write!(f, "failed against {failed} of its {partners} partners")
             }
             NodeReason::Latency { p50_us, ratio, limit } => {
-                write!(f, "latency p50 {p50_us:.1} us, {ratio:.2}x the fleet's best pair (above {limit})")
+                write!(f, "latency p50 {p50_us:.1} us, {ratio:.2}x the fleet's typical pair (above {limit})")
             }
             NodeReason::Retest(r) => r.fmt(f),
         }
@@ -157,7 +172,7 @@ impl fmt::Display for NodeReason {
 #[derive(Debug, Clone, PartialEq)]
 pub enum LinkReason {
     Failed { client: u32, server: u32, error: String },
-    Bandwidth { ratio: f64, limit: f64 },
+    Bandwidth { ratio: f64, limit: f64, z: f64 },
     Latency { p50_us: f64, ratio: f64 },
     Retest(RetestFinding),
 }
@@ -166,11 +181,11 @@ impl fmt::Display for LinkReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LinkReason::Failed { client, server, error } => write!(f, "{client} -> {server} failed: {error}"),
-            LinkReason::Bandwidth { ratio, limit } => {
-                write!(f, "bandwidth {ratio:.3}x what its two nodes predict (below {limit})")
+            LinkReason::Bandwidth { ratio, limit, z } => {
+                write!(f, "bandwidth {ratio:.3}x what its two nodes predict (below {limit}), robust z-score {z:.1}")
             }
             LinkReason::Latency { p50_us, ratio } => {
-                write!(f, "latency p50 {p50_us:.1} us, {ratio:.2}x the fleet's best pair")
+                write!(f, "latency p50 {p50_us:.1} us, {ratio:.2}x the fleet's typical pair")
             }
             LinkReason::Retest(r) => r.fmt(f),
         }
@@ -203,6 +218,8 @@ pub struct LinkVerdict {
     pub b: u32,
     /// exp(residual): the link's bandwidth against what its two nodes predict.
     pub ratio: Option<f64>,
+    /// The residual's robust z-score against every link's.
+    pub z: Option<f64>,
     pub gbps: Option<f64>,
     pub p50_us: Option<f64>,
     pub bad: bool,
@@ -228,15 +245,29 @@ impl fmt::Display for Verdict {
     }
 }
 
+/// A pair that failed in its planned step and passed its retest: a one-off, which an
+/// acceptance run still reports (a link that dropped a ping-pong once may do it again).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FlakyPair {
+    pub client: u32,
+    pub server: u32,
+    /// The planned measurement's error.
+    pub error: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Attribution {
     /// exp(mu): the typical pair's bandwidth, Gb/s.
     pub typical_gbps: Option<f64>,
-    /// The fleet's best pair p50, us.
-    pub best_p50_us: Option<f64>,
+    /// The fleet's typical pair p50 (the median of the pairs'), us.
+    pub typical_p50_us: Option<f64>,
     pub nodes: Vec<NodeVerdict>,
     /// Every link measured (both directions folded), bad or not, by (a, b) with a < b.
     pub links: Vec<LinkVerdict>,
+    /// Pairs that failed once and passed their retest.
+    pub flaky: Vec<FlakyPair>,
+    /// How many flaky pairs the fleet may have and pass (`max_flaky_pairs`).
+    pub flaky_allowed: u32,
 }
 
 impl Attribution {
@@ -248,8 +279,16 @@ impl Attribution {
         self.links.iter().filter(|l| l.bad).map(|l| (l.a, l.b)).collect()
     }
 
+    pub fn too_flaky(&self) -> bool {
+        self.flaky.len() > self.flaky_allowed as usize
+    }
+
     pub fn verdict(&self) -> Verdict {
-        if self.nodes.iter().any(|n| n.bad) || self.links.iter().any(|l| l.bad) { Verdict::Fail } else { Verdict::Pass }
+        if self.nodes.iter().any(|n| n.bad) || self.links.iter().any(|l| l.bad) || self.too_flaky() {
+            Verdict::Fail
+        } else {
+            Verdict::Pass
+        }
     }
 
     /// The link of nodes `x` and `y`, either way round (links are sorted by (a, b)).
@@ -327,8 +366,36 @@ fn polish(n: usize, obs: &[(usize, usize, f64)]) -> (f64, Vec<Option<f64>>) {
 /// when it is not; a suspect link likewise against what its two nodes predict. A suspect
 /// without a retest keeps its verdict.
 pub fn judge(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
-    let mut a = attribute(n, rows, t);
-    let (mu, best) = (a.typical_gbps, a.best_p50_us);
+    // A failed pair that passed its retest is judged by the retest's figures, and flaky.
+    let mut planned: Vec<Observation> = rows.iter().filter(|r| r.retest.is_none()).cloned().collect();
+    let mut table = PairTable::new(n);
+    for (k, r) in planned.iter().enumerate() {
+        table.insert_first(r.client, r.server, k);
+    }
+    let mut flaky = Vec::new();
+    let mut failed_again = Vec::new();
+    for r in rows.iter().filter(|r| r.retest == Some(Retest::Failed)) {
+        let Some(k) = table.get(r.client, r.server) else { continue };
+        let p = &mut planned[k];
+        match (&p.error, &r.error) {
+            (Some(_), None) => {
+                let error = p.error.take().unwrap_or_default();
+                (p.gbps, p.p50_us) = (r.gbps, r.p50_us);
+                flaky.push(FlakyPair { client: r.client, server: r.server, error });
+            }
+            (Some(_), Some(e)) => failed_again.push((r.client, r.server, e.clone())),
+            (None, _) => {}
+        }
+    }
+    let mut a = attribute(n, &planned, t);
+    a.flaky = flaky;
+    for (c, s, e) in failed_again {
+        if let Some(l) = a.link_mut(c, s) {
+            let finding = RetestFinding { confirmed: true, client: c, server: s, result: RetestResult::Failed(e) };
+            l.reasons.push(LinkReason::Retest(finding));
+        }
+    }
+    let (mu, typical) = (a.typical_gbps, a.typical_p50_us);
     let effects: Vec<Option<f64>> = a.nodes.iter().map(|x| x.ratio).collect();
     for r in rows {
         let Some(retest) = r.retest else { continue };
@@ -345,9 +412,10 @@ pub fn judge(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
             Retest::Link { .. } => {
                 (mu.zip(effects[s]).map(|(m, g)| m * g * effects[c].unwrap_or(1.0)), t.link_min_ratio)
             }
+            Retest::Failed => continue,
         };
         let ratio = r.gbps.zip(expected).map(|(g, e)| g / e);
-        let slow = r.p50_us.zip(best).is_some_and(|(p, b)| p > t.latency_max_ratio * b);
+        let slow = r.p50_us.zip(typical).is_some_and(|(p, b)| p > t.latency_max_ratio * b);
         let confirmed = r.error.is_some() || ratio.is_some_and(|x| x < limit) || slow;
         let result = match (&r.error, ratio) {
             (Some(e), _) => RetestResult::Failed(e.clone()),
@@ -368,6 +436,7 @@ pub fn judge(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
                     l.bad = confirmed;
                 }
             }
+            Retest::Failed => {}
         }
     }
     a
@@ -400,12 +469,14 @@ pub fn attribute(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
     let centre = median(&mut fitted.clone()).unwrap_or(0.0);
     let mad = median(&mut fitted.iter().map(|e| (e - centre).abs()).collect::<Vec<_>>()).unwrap_or(0.0);
     let spread = (1.4826 * mad).max(MIN_SPREAD);
-    let best_p50 = planned
-        .iter()
-        .filter(|r| r.error.is_none())
-        .filter_map(|r| r.p50_us)
-        .filter(|p| *p > 0.0)
-        .min_by(f64::total_cmp);
+    let typical_p50 = median(
+        &mut planned
+            .iter()
+            .filter(|r| r.error.is_none())
+            .filter_map(|r| r.p50_us)
+            .filter(|p| *p > 0.0)
+            .collect::<Vec<_>>(),
+    );
 
     let mut nodes: Vec<NodeVerdict> = (0..n)
         .map(|i| {
@@ -414,7 +485,7 @@ pub fn attribute(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
             let mut last: Option<(u32, bool)> = None;
             for (j, k) in pairs_of(i) {
                 let r = planned[k];
-                let bad = r.error.is_some();
+                let bad = r.error.is_some() && r.left.is_none_or(|x| x == i as u32);
                 if r.error.is_none() {
                     p50.extend(r.p50_us);
                 }
@@ -446,10 +517,10 @@ pub fn attribute(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
             if partners > 0 && failed as f64 >= t.fail_share * partners as f64 {
                 reasons.push(NodeReason::Failures { failed, partners });
             }
-            if let (Some(p), Some(best)) = (p50, best_p50)
-                && p > t.latency_max_ratio * best
+            if let (Some(p), Some(typical)) = (p50, typical_p50)
+                && p > t.latency_max_ratio * typical
             {
-                reasons.push(NodeReason::Latency { p50_us: p, ratio: p / best, limit: t.latency_max_ratio });
+                reasons.push(NodeReason::Latency { p50_us: p, ratio: p / typical, limit: t.latency_max_ratio });
             }
             NodeVerdict {
                 node: i as u32,
@@ -464,8 +535,17 @@ pub fn attribute(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
         })
         .collect();
 
-    let slow_node = |p: Option<f64>, best: f64| p.is_some_and(|x| x > t.latency_max_ratio * best);
-    let mut links = Vec::new();
+    let slow_node = |p: Option<f64>, typical: f64| p.is_some_and(|x| x > t.latency_max_ratio * typical);
+    // Each link's figures, then its residual's z-score against every link's.
+    struct Fold<'a> {
+        a: u32,
+        b: u32,
+        both: Vec<&'a Observation>,
+        gbps: Option<f64>,
+        p50: Option<f64>,
+        residual: Option<f64>,
+    }
+    let mut folds = Vec::new();
     for a in 0..n as u32 {
         for b in a + 1..n as u32 {
             let both: Vec<&Observation> =
@@ -476,31 +556,53 @@ pub fn attribute(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
             let good = || both.iter().filter(|r| r.error.is_none());
             let gbps = median(&mut good().filter_map(|r| r.gbps).collect::<Vec<_>>());
             let p50 = median(&mut good().filter_map(|r| r.p50_us).collect::<Vec<_>>());
-            let (ea, eb) = (effects[a as usize], effects[b as usize]);
-            let ratio = match (gbps.filter(|g| *g > 0.0), ea, eb) {
-                (Some(g), Some(ea), Some(eb)) => Some((g.ln() - mu - ea - eb).exp()),
+            let residual = match (gbps.filter(|g| *g > 0.0), effects[a as usize], effects[b as usize]) {
+                (Some(g), Some(ea), Some(eb)) => Some(g.ln() - mu - ea - eb),
                 _ => None,
             };
+            folds.push(Fold { a, b, both, gbps, p50, residual });
+        }
+    }
+    let residuals: Vec<f64> = folds.iter().filter_map(|f| f.residual).collect();
+    let link_centre = median(&mut residuals.clone()).unwrap_or(0.0);
+    let link_mad = median(&mut residuals.iter().map(|r| (r - link_centre).abs()).collect::<Vec<_>>()).unwrap_or(0.0);
+    let link_spread = (1.4826 * link_mad).max(MIN_SPREAD);
+    let links = folds
+        .into_iter()
+        .map(|f| {
+            let (a, b) = (f.a, f.b);
+            let ratio = f.residual.map(f64::exp);
+            let z = f.residual.map(|r| (r - link_centre) / link_spread);
             let ends_bad = nodes[a as usize].bad || nodes[b as usize].bad;
             let mut reasons = Vec::new();
-            for r in both.iter().filter(|r| r.error.is_some()) {
+            for r in f.both.iter().filter(|r| r.error.is_some()) {
                 let error = r.error.clone().unwrap_or_default();
                 reasons.push(LinkReason::Failed { client: r.client, server: r.server, error });
             }
-            if let Some(r) = ratio.filter(|r| *r < t.link_min_ratio) {
-                reasons.push(LinkReason::Bandwidth { ratio: r, limit: t.link_min_ratio });
-            }
-            if let (Some(p), Some(best)) = (p50, best_p50)
-                && p > t.latency_max_ratio * best
-                && !(slow_node(nodes[a as usize].p50_us, best) || slow_node(nodes[b as usize].p50_us, best))
+            if let (Some(r), Some(z)) = (ratio, z)
+                && r < t.link_min_ratio
+                && z < t.link_min_z
             {
-                reasons.push(LinkReason::Latency { p50_us: p, ratio: p / best });
+                reasons.push(LinkReason::Bandwidth { ratio: r, limit: t.link_min_ratio, z });
             }
-            links.push(LinkVerdict { a, b, ratio, gbps, p50_us: p50, bad: !reasons.is_empty() && !ends_bad, reasons });
-        }
-    }
+            if let (Some(p), Some(typical)) = (f.p50, typical_p50)
+                && p > t.latency_max_ratio * typical
+                && !(slow_node(nodes[a as usize].p50_us, typical) || slow_node(nodes[b as usize].p50_us, typical))
+            {
+                reasons.push(LinkReason::Latency { p50_us: p, ratio: p / typical });
+            }
+            LinkVerdict { a, b, ratio, z, gbps: f.gbps, p50_us: f.p50, bad: !reasons.is_empty() && !ends_bad, reasons }
+        })
+        .collect();
     nodes.iter_mut().for_each(|n| n.reasons.dedup());
-    Attribution { typical_gbps: (!obs.is_empty()).then(|| mu.exp()), best_p50_us: best_p50, nodes, links }
+    Attribution {
+        typical_gbps: (!obs.is_empty()).then(|| mu.exp()),
+        typical_p50_us: typical_p50,
+        nodes,
+        links,
+        flaky: Vec::new(),
+        flaky_allowed: t.max_flaky_pairs,
+    }
 }
 
 #[cfg(test)]
@@ -519,6 +621,7 @@ mod tests {
                         gbps: Some(bw(i, j)),
                         p50_us: Some(10.0),
                         error: None,
+                        left: None,
                         retest: None,
                     });
                 }
@@ -593,7 +696,7 @@ mod tests {
     }
 
     #[test]
-    fn latency_above_2_1x_the_best_names_the_node_or_the_link() {
+    fn latency_above_2_1x_the_typical_pair_names_the_node_or_the_link() {
         let mut rows = fleet(5, |_, _| 100.0);
         for r in rows.iter_mut().filter(|r| r.client == 4 || r.server == 4) {
             r.p50_us = Some(30.0);
@@ -619,6 +722,7 @@ mod tests {
             gbps: Some(gbps),
             p50_us: Some(10.0),
             error: None,
+            left: None,
             retest: Some(Retest::Node { node: 3 }),
         };
         let mut rows = fleet(6, slow);
@@ -644,5 +748,86 @@ mod tests {
         assert!(Thresholds { node_min_ratio: 1.5, ..Default::default() }.check().unwrap_err().contains("(0, 1]"));
         assert!(Thresholds { node_min_z: 2.0, ..Default::default() }.check().is_err());
         assert!(Thresholds { latency_max_ratio: 0.5, ..Default::default() }.check().is_err());
+    }
+
+    #[test]
+    fn one_lucky_pair_does_not_make_a_healthy_fleet_slow() {
+        let mut rows = fleet(6, |i, j| 100.0 * noise(i, j));
+        rows[7].p50_us = Some(3.0);
+        let a = attribute(6, &rows, &Thresholds::default());
+        assert_eq!(a.typical_p50_us, Some(10.0));
+        assert_eq!(a.verdict(), Verdict::Pass, "against the best pair (3 us) every pair would be 3.3x: {a:#?}");
+    }
+
+    /// A normal deviate from a xorshift state (Box-Muller).
+    fn gauss(state: &mut u64) -> f64 {
+        let mut uniform = || {
+            *state ^= *state << 13;
+            *state ^= *state >> 7;
+            *state ^= *state << 17;
+            ((*state >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        };
+        let (u, v) = (uniform(), uniform());
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    }
+
+    #[test]
+    fn noisy_fleets_name_no_false_link_and_still_name_a_link_at_0_7x() {
+        let mut state = 0x1234_5678_9abc_def1u64;
+        let (trials, mut false_links, mut false_nodes) = (40, 0, 0);
+        for trial in 0..trials {
+            // 64 nodes, both directions; each pair's figure is the median of 3 repeats that
+            // vary by 5 % (one sigma), as a fleet measures it.
+            let mut rows = fleet(64, |_, _| 100.0);
+            for r in rows.iter_mut() {
+                let mut repeats: Vec<f64> = (0..3).map(|_| 100.0 * (0.05 * gauss(&mut state)).exp()).collect();
+                r.gbps = median(&mut repeats);
+            }
+            let a = attribute(64, &rows, &Thresholds::default());
+            false_links += a.bad_links().len();
+            false_nodes += a.bad_nodes().len();
+            // The same fleet with link 10 - 20 at 0.7x, both ways.
+            for r in rows.iter_mut().filter(|r| (r.client.min(r.server), r.client.max(r.server)) == (10, 20)) {
+                r.gbps = r.gbps.map(|g| g * 0.7);
+            }
+            let a = attribute(64, &rows, &Thresholds::default());
+            assert!(a.bad_links().contains(&(10, 20)), "trial {trial}: the 0.7x link not named: {:?}", a.links[0]);
+        }
+        eprintln!("{false_links} false links in {trials} noisy healthy fleets");
+        assert!(false_links <= 1, "{false_links} false links in {trials} noisy healthy fleets");
+        assert_eq!(false_nodes, 0, "false nodes in {trials} noisy healthy fleets");
+    }
+
+    #[test]
+    fn a_failed_pair_that_passes_its_retest_is_flaky_and_one_that_fails_again_stays_failed() {
+        let failed = |r: &mut Observation| {
+            (r.gbps, r.p50_us, r.error) = (None, None, Some("made no progress for 5.0 s".into()));
+        };
+        let mut rows = fleet(5, |i, j| 100.0 * noise(i, j));
+        rows.iter_mut().filter(|r| (r.client, r.server) == (1, 3)).for_each(failed);
+        let retest = |error: Option<&str>| Observation {
+            client: 1,
+            server: 3,
+            gbps: error.is_none().then_some(99.0),
+            p50_us: error.is_none().then_some(10.0),
+            error: error.map(String::from),
+            left: None,
+            retest: Some(Retest::Failed),
+        };
+        let mut passed = rows.clone();
+        passed.push(retest(None));
+        let a = judge(5, &passed, &Thresholds::default());
+        assert!(a.bad_nodes().is_empty() && a.bad_links().is_empty(), "{a:#?}");
+        assert_eq!(a.flaky, [FlakyPair { client: 1, server: 3, error: "made no progress for 5.0 s".into() }]);
+        assert_eq!(a.verdict(), Verdict::Fail, "max_flaky_pairs 0: an acceptance run does not hide it");
+        let lenient = Thresholds { max_flaky_pairs: 1, ..Default::default() };
+        assert_eq!(judge(5, &passed, &lenient).verdict(), Verdict::Pass);
+        let mut again = rows;
+        again.push(retest(Some("made no progress again")));
+        let a = judge(5, &again, &Thresholds::default());
+        assert_eq!(a.bad_links(), [(1, 3)]);
+        assert!(a.flaky.is_empty());
+        let link = a.links.iter().find(|l| (l.a, l.b) == (1, 3)).unwrap();
+        assert_eq!(link.reasons.last().unwrap().to_string(), "confirmed: retest 1 -> 3 failed: made no progress again");
     }
 }

@@ -15,10 +15,10 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::time::Duration;
 
-use super::attribution::{self, Thresholds};
+use super::attribution::{self, NodeReason, Thresholds};
 use super::rows::{self, Expected};
 use super::schedule::{Pair, Step};
-use crate::report::pairs::{PairError, PairRow, Phase, Retest, RowSource};
+use crate::report::pairs::{FailureKind, PairError, PairRow, Phase, Retest, RowSource};
 use crate::session::proto::{Task, Work};
 
 /// Why a node is no longer in the fleet.
@@ -386,7 +386,8 @@ impl Barrier {
         let Stage::Running { step, .. } = self.stage else { return };
         let members = &self.members;
         let filled = rows::missing(&self.rows[self.step_rows..], &self.steps[step as usize].pairs, |e| {
-            PairError::node_left(format!("node {} {}", e.pair.client, departure_of(members, e.pair.client)))
+            let x = e.pair.client;
+            PairError::node_left(x, format!("node {x} {}", departure_of(members, x)))
         });
         self.rows.extend(filled);
     }
@@ -401,7 +402,8 @@ impl Barrier {
             let gone = [client, server].into_iter().find(|&x| !self.live(x));
             if let Some(x) = gone {
                 let why = format!("node {x} {}", departure_of(&self.members, x));
-                let mut r = PairRow::failed(e.step, e.round, e.retest, client, server, PairError::node_left(why));
+                let error = PairError::node_left(x, why);
+                let mut r = PairRow::failed(e.step, e.round, e.retest, client, server, error);
                 r.source = RowSource::Coordinator;
                 self.rows.push(r);
                 continue;
@@ -432,9 +434,9 @@ fn departure_of(members: &[Member], node: u32) -> String {
 }
 
 /// The retests, in steps where no node is in two pairs, numbered from `first`: each
-/// suspect node against the best node that is not suspect, each suspect link again. A
-/// node bad only for its failures (it left the fleet, or failed against half of its
-/// partners) is not retested.
+/// suspect node against the best node that is not suspect, each suspect link again, each
+/// failed pair again. A node bad only for its failures (it left the fleet, or failed
+/// against half of its partners) is not retested.
 fn retest_steps(b: &Barrier, first: u32) -> Vec<StepPlan> {
     let observations: Vec<_> = b.rows.iter().filter(|r| !r.is_retest()).map(rows::observation).collect();
     let a = attribution::attribute(b.nodes, &observations, &b.thresholds);
@@ -450,6 +452,21 @@ fn retest_steps(b: &Barrier, first: u32) -> Vec<StepPlan> {
     }
     for l in a.links.iter().filter(|l| l.bad && l.ratio.is_some() && alive(l.a) && alive(l.b)) {
         pairs.push((Pair { client: l.a, server: l.b }, Retest::Link { a: l.a, b: l.b }));
+    }
+    // A failed pair again, against the same peer: a one-off passes (flaky), a fault fails
+    // again. Not where a node left, nor of a node that fails against many of its partners
+    // (its failures are the node's, and its retests would take a step each).
+    let failing = |x: u32| a.nodes[x as usize].reasons.iter().any(|r| matches!(r, NodeReason::Failures { .. }));
+    for r in b.rows.iter().filter(|r| !r.is_retest()) {
+        let Some(e) = &r.error else { continue };
+        if e.kind != FailureKind::NodeLeft
+            && alive(r.client)
+            && alive(r.server)
+            && !failing(r.client)
+            && !failing(r.server)
+        {
+            pairs.push((Pair { client: r.client, server: r.server }, Retest::Failed));
+        }
     }
     let mut steps: Vec<(StepPlan, HashSet<u32>)> = Vec::new();
     for (pair, retest) in pairs {

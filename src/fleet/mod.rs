@@ -45,11 +45,15 @@ pub fn verdict_of(a: &attribution::Attribution) -> Result<()> {
         return Ok(());
     }
     let (nodes, links) = (a.bad_nodes(), a.bad_links());
+    let flaky: Vec<(u32, u32)> = a.flaky.iter().map(|f| (f.client, f.server)).collect();
     Err(Error::Check(format!(
-        "the fleet has {} bad node(s) {:?} and {} bad link(s) {:?}",
+        "the fleet has {} bad node(s) {:?}, {} bad link(s) {:?} and {} flaky pair(s) {:?} (max_flaky_pairs {})",
         nodes.len(),
         nodes,
         links.len(),
-        links
+        links,
+        flaky.len(),
+        flaky,
+        a.flaky_allowed
     )))
 }

@@ -180,8 +180,7 @@ fn measure_pair(
     o.tcp_port = cfg.port + p.server as u16;
     o.json = None;
     let host = &cfg.peers[p.server as usize];
-    let mut row = PairRow::failed(step, round, retest, p.client, p.server, PairError::node_left(String::new()));
-    row.error = None;
+    let mut row = PairRow::blank(step, round, retest, p.client, p.server);
     row.client_node = crate::names::this_host();
     row.client_addr = cfg.peers[p.client as usize].clone();
     row.server_addr = host.clone();

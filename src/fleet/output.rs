@@ -78,6 +78,7 @@ struct VerdictDoc<'a> {
     verdict: Verdict,
     bad_nodes: Vec<&'a str>,
     bad_links: Vec<[&'a str; 2]>,
+    flaky_pairs: Vec<[&'a str; 2]>,
     thresholds: &'a Thresholds,
     attribution: &'a Attribution,
 }
@@ -94,6 +95,11 @@ pub fn verdict_json(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Threshold
             .bad_links()
             .iter()
             .map(|&(x, y)| [label[x as usize].as_str(), label[y as usize].as_str()])
+            .collect(),
+        flaky_pairs: a
+            .flaky
+            .iter()
+            .map(|f| [label[f.client as usize].as_str(), label[f.server as usize].as_str()])
             .collect(),
         thresholds: t,
         attribution: a,
@@ -119,7 +125,7 @@ pub fn heatmap_svg(nodes: u32, rows: &[PairRow], a: &Attribution) -> String {
     );
     let _ = writeln!(
         s,
-        "<text x=\"4\" y=\"16\" font-size=\"13\">RDMA WRITE Gb/s, client (row) to server (column); colour: against the typical pair ({})</text>",
+        "<text x=\"4\" y=\"16\" font-size=\"13\">RDMA WRITE Gb/s, client (row) to server (column); colour: against the typical pair ({}); black failed, orange flaky</text>",
         a.typical_gbps.map_or("none".into(), |g| format!("{g:.2} Gb/s"))
     );
     for (i, l) in label.iter().enumerate() {
@@ -128,9 +134,11 @@ pub fn heatmap_svg(nodes: u32, rows: &[PairRow], a: &Attribution) -> String {
         let _ = writeln!(s, "<text x=\"{}\" y=\"{y}\" text-anchor=\"end\">{l}</text>", left - 6);
         let _ = writeln!(s, "<text x=\"{x}\" y=\"{}\" transform=\"rotate(-60 {x} {})\">{l}</text>", top - 6, top - 6);
     }
+    let flaky: std::collections::HashSet<(u32, u32)> = a.flaky.iter().map(|f| (f.client, f.server)).collect();
     for r in rows.iter().filter(|r| !r.is_retest() && r.client < nodes && r.server < nodes) {
         let (x, y) = (left + size(r.server), top + size(r.client));
         let (fill, text) = match (r.ok(), r.gbps, a.typical_gbps) {
+            (false, _, _) if flaky.contains(&(r.client, r.server)) => ("#e07000".to_string(), "flaky".to_string()),
             (false, _, _) => ("#000000".to_string(), "fail".to_string()),
             (true, Some(g), Some(t)) => (colour(g / t), format!("{g:.1}")),
             _ => ("#cccccc".to_string(), String::new()),
@@ -169,13 +177,19 @@ pub fn summary_md(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds)
     let retests = rows.iter().filter(|r| r.is_retest()).count();
     let mut s = format!(
         "# Fleet: {nodes} nodes, {planned} pairs measured ({failed} failed), {retests} retests\n\n\
-         Typical pair: {}; best latency p50: {}.\n\n",
+         Typical pair: {}, latency p50 {}.\n\n",
         a.typical_gbps.map_or("none".into(), |g| format!("{g:.2} Gb/s")),
-        a.best_p50_us.map_or("none".into(), |p| format!("{p:.2} us"))
+        a.typical_p50_us.map_or("none".into(), |p| format!("{p:.2} us"))
     );
     let verdict = match a.verdict() {
         Verdict::Pass => "PASS".to_string(),
-        Verdict::Fail => format!("FAIL ({} bad node(s), {} bad link(s))", a.bad_nodes().len(), a.bad_links().len()),
+        Verdict::Fail => format!(
+            "FAIL ({} bad node(s), {} bad link(s), {} flaky pair(s){})",
+            a.bad_nodes().len(),
+            a.bad_links().len(),
+            a.flaky.len(),
+            if a.too_flaky() { format!(", more than max_flaky_pairs {}", a.flaky_allowed) } else { String::new() }
+        ),
     };
     let _ = writeln!(s, "**Verdict: {verdict}**\n");
     s.push_str("| node | bandwidth vs typical | z | failed partners | p50 us | verdict |\n|---|---|---|---|---|---|\n");
@@ -215,10 +229,23 @@ pub fn summary_md(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds)
             );
         }
     }
+    if !a.flaky.is_empty() {
+        s.push_str("\n| flaky pair (failed, then passed its retest) | first error |\n|---|---|\n");
+        for f in &a.flaky {
+            let _ = writeln!(s, "| {} -> {} | {} |", label[f.client as usize], label[f.server as usize], f.error);
+        }
+    }
     let _ = writeln!(
         s,
-        "\nThresholds: node below {}x or z below {}, failing against {} of its partners; link below {}x; latency above {}x the best.",
-        t.node_min_ratio, t.node_min_z, t.fail_share, t.link_min_ratio, t.latency_max_ratio
+        "\nThresholds: node below {}x or z below {}, failing against {} of its partners; link below {}x with z below {}; \
+         latency above {}x the typical pair; at most {} flaky pair(s).",
+        t.node_min_ratio,
+        t.node_min_z,
+        t.fail_share,
+        t.link_min_ratio,
+        t.link_min_z,
+        t.latency_max_ratio,
+        t.max_flaky_pairs
     );
     s
 }

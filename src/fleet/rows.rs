@@ -106,6 +106,7 @@ pub fn observation(r: &PairRow) -> Observation {
         gbps: r.gbps,
         p50_us: r.p50_us,
         error: r.error.as_ref().map(|e| e.to_string()),
+        left: r.error.as_ref().and_then(|e| e.node),
         retest: r.retest,
     }
 }
@@ -122,8 +123,7 @@ mod tests {
     use crate::report::pairs::Phase;
 
     fn ok_row(step: u32, client: u32, server: u32) -> PairRow {
-        let mut r = PairRow::failed(step, 0, None, client, server, PairError::node_left(String::new()));
-        r.error = None;
+        let mut r = PairRow::blank(step, 0, None, client, server);
         r.gbps = Some(1.0);
         r
     }
@@ -149,7 +149,9 @@ mod tests {
         let mut retest = ok_row(3, 2, 3);
         retest.retest = Some(Retest::Node { node: 2 });
         let present = [ok_row(7, 0, 1), retest];
-        let filled = missing(&present, &expected, |e| PairError::node_left(format!("node {} left", e.pair.client)));
+        let filled = missing(&present, &expected, |e| {
+            PairError::node_left(e.pair.client, format!("node {} left", e.pair.client))
+        });
         assert_eq!(filled.len(), 1);
         assert_eq!((filled[0].step, filled[0].client, filled[0].source), (3, 2, RowSource::Coordinator));
         assert_eq!(filled[0].error.as_ref().unwrap().to_string(), "node 2 left");

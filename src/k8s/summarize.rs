@@ -201,7 +201,7 @@ pub fn all_pairs(
         .flat_map(|s| s.pairs.iter().map(|&pair| Expected { step: s.index, round: s.round, retest: None, pair }))
         .collect();
     let why = "no result in the logs (the pod was lost, or its log was not collected)";
-    let missing = rows::missing(&rows, &expected, |_| PairError::node_left(why.to_string()));
+    let missing = rows::missing(&rows, &expected, |e| PairError::node_left(e.pair.client, why.to_string()));
     rows.extend(missing);
     let a = rows::judge(plan.nodes, &rows, t);
     if let Some(dir) = out_dir {
@@ -555,7 +555,7 @@ mod tests {
 
     /// A healthy fleet's row for `client -> server` at `step`, as its node prints it.
     fn pair_line(step: u32, client: u32, server: u32) -> String {
-        let mut r = PairRow::failed(step, 0, None, client, server, PairError::node_left(String::new()));
+        let mut r = PairRow::blank(step, 0, None, client, server);
         (r.error, r.gbps, r.p50_us, r.p99_us) = (None, Some(100.0), Some(5.0), Some(7.0));
         r.line()
     }
@@ -576,7 +576,7 @@ mod tests {
                 // Node 2 printed its step-0 row and died before its next arrival: node 0
                 // printed a failed row for that pair too, and for every later pair of node 2.
                 if with_2 && (step.index > 0 || p.client == 2) {
-                    let why = PairError::node_left("node 2 left the fleet at step 1: killed".into());
+                    let why = PairError::node_left(2, "node 2 left the fleet at step 1: killed".into());
                     let mut r = PairRow::failed(step.index, step.round, None, p.client, p.server, why);
                     r.source = RowSource::Coordinator;
                     lines.push(r.line());
@@ -594,7 +594,7 @@ mod tests {
         assert_eq!(v["bad_nodes"], serde_json::json!(["node-2"]), "{v:#}");
         let failed: Vec<_> =
             v["attribution"]["nodes"].as_array().unwrap().iter().map(|n| n["failed_partners"].clone()).collect();
-        assert_eq!(failed, [1, 1, 3, 1], "node 2 failed against all 3 partners, each other node against node 2 only");
+        assert_eq!(failed, [0, 0, 3, 0], "node 2 failed against all 3 partners; its leaving is not held against them");
         assert!(v["bad_links"].as_array().unwrap().is_empty());
         // The same row twice from one source is still refused.
         let twice = format!("{}\n{}", pair_line(0, 0, 1), pair_line(0, 0, 1));

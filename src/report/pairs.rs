@@ -39,6 +39,8 @@ pub enum Retest {
     Node { node: u32 },
     /// A link suspected of slowness (its nodes are not), measured again.
     Link { a: u32, b: u32 },
+    /// A pair that failed in its planned step, measured again: passing makes it flaky.
+    Failed,
 }
 
 impl fmt::Display for Retest {
@@ -46,6 +48,7 @@ impl fmt::Display for Retest {
         match self {
             Retest::Node { node } => write!(f, "a retest of node {node}"),
             Retest::Link { a, b } => write!(f, "a retest of link {a} - {b}"),
+            Retest::Failed => f.write_str("a retest of a failed pair"),
         }
     }
 }
@@ -95,25 +98,28 @@ impl fmt::Display for FailureKind {
 }
 
 /// A failed pair's error: its class, the phase that failed (none: nothing was measured),
-/// and the measuring side's message.
+/// the node that left when that is why, and the measuring side's message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PairError {
     pub kind: FailureKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
+    /// With `node_left`: which node of the pair left (the failure is its, not its partner's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<u32>,
     pub message: String,
 }
 
 impl PairError {
     /// The error of `phase` (None: before any) from a run's error.
     pub fn of(e: &Error, phase: Option<Phase>) -> PairError {
-        PairError { kind: FailureKind::of(e), phase, message: e.message() }
+        PairError { kind: FailureKind::of(e), phase, node: None, message: e.message() }
     }
 
-    /// A pair that never ran because a node of it left the fleet.
-    pub fn node_left(message: String) -> PairError {
-        PairError { kind: FailureKind::NodeLeft, phase: None, message }
+    /// A pair that never ran, or never reported, because `node` of it left the fleet.
+    pub fn node_left(node: u32, message: String) -> PairError {
+        PairError { kind: FailureKind::NodeLeft, phase: None, node: Some(node), message }
     }
 }
 
@@ -192,6 +198,11 @@ impl PairRow {
         server: u32,
         error: PairError,
     ) -> PairRow {
+        PairRow { error: Some(error), ..PairRow::blank(step, round, retest, client, server) }
+    }
+
+    /// A pair with nothing measured yet and no error: what a node fills as it measures.
+    pub fn blank(step: u32, round: u32, retest: Option<Retest>, client: u32, server: u32) -> PairRow {
         PairRow {
             step,
             round,
@@ -213,7 +224,7 @@ impl PairRow {
             lat_size: 0,
             p50_us: None,
             p99_us: None,
-            error: Some(error),
+            error: None,
         }
     }
 
@@ -242,11 +253,14 @@ impl PairRow {
         if self.devices.len() > 64 || self.peer_devices.len() > 64 || self.gbps_repeats.len() > 1000 {
             return Err(format!("pair {} -> {} lists too many devices or repeats", self.client, self.server));
         }
+        if self.error.as_ref().is_some_and(|e| e.node.is_some_and(|x| x != self.client && x != self.server)) {
+            return Err(format!("pair {} -> {} blames a node of another pair", self.client, self.server));
+        }
         if self.error.as_ref().is_some_and(|e| e.message.len() > MAX_ERROR_LEN) {
             return Err(format!("pair {} -> {} has an error over {MAX_ERROR_LEN} bytes", self.client, self.server));
         }
         let retest_ok = match self.retest {
-            None => true,
+            None | Some(Retest::Failed) => true,
             Some(Retest::Node { node }) => node == self.client || node == self.server,
             Some(Retest::Link { a, b }) => {
                 (a.min(b), a.max(b)) == (self.client.min(self.server), self.client.max(self.server))
@@ -289,14 +303,14 @@ mod tests {
 
     #[test]
     fn forged_rows_are_refused() {
-        let ok = PairRow::failed(0, 0, None, 1, 2, PairError::node_left("x".into()));
+        let ok = PairRow::failed(0, 0, None, 1, 2, PairError::node_left(2, "x".into()));
         assert!(ok.check(3).is_ok());
         assert!(ok.check(2).unwrap_err().contains("no pair of a fleet of 2"));
         let mut r = ok.clone();
         r.retest = Some(Retest::Node { node: 0 });
         assert!(r.check(3).unwrap_err().contains("of other nodes"));
         let mut r = ok.clone();
-        r.error = Some(PairError::node_left("y".repeat(MAX_ERROR_LEN + 1)));
+        r.error = Some(PairError::node_left(2, "y".repeat(MAX_ERROR_LEN + 1)));
         assert!(r.check(3).is_err());
         let mut r = ok;
         r.gbps = Some(f64::NAN);

@@ -93,8 +93,8 @@ impl Sim {
     /// The row node `node` reports for its task (`None`: it had no measurement).
     fn row_of(&self, node: u32, task: &Task) -> Option<PairRow> {
         let Work::Measure { server, round, retest, .. } = task.work else { return None };
-        let mut r = PairRow::failed(task.step, round, retest, node, server, PairError::node_left(String::new()));
-        (r.error, r.gbps, r.p50_us) = (None, Some((self.gbps)(node, server)), Some(5.0));
+        let mut r = PairRow::blank(task.step, round, retest, node, server);
+        (r.gbps, r.p50_us) = (Some((self.gbps)(node, server)), Some(5.0));
         Some(r)
     }
 
@@ -444,4 +444,39 @@ fn a_node_that_only_failed_is_not_retested() {
     assert!(o.rows.iter().all(|r| !r.is_retest()));
     let a = rows::judge(4, &o.rows, &Thresholds::default());
     assert_eq!(a.bad_nodes(), [2], "{:#?}", a.nodes);
+}
+
+#[test]
+fn a_failed_pair_is_retested_against_the_same_peer_and_a_pair_of_a_node_that_left_is_not() {
+    let p = plan(5, Directions::One, None);
+    let mut sim = Sim::new(p);
+    sim.start();
+    let planned = p.steps().len() as u32;
+    // Step 0: node 1's pair (1 -> 4) fails (a stalled ping-pong), everyone else's passes.
+    let task = sim.tasks[1].take().unwrap();
+    let mut row = sim.row_of(1, &task).unwrap();
+    let stalled = crate::Error::Peer("peer node-4 made no progress for 5.0 s".into());
+    (row.gbps, row.error) = (None, Some(PairError::of(&stalled, Some(Phase::Latency))));
+    let failed_pair = (row.client, row.server);
+    sim.printed.push(row.clone());
+    sim.arrive(1, 1, vec![row]);
+    sim.step_all();
+    // Node 3 leaves in step 1: its pairs are not retested.
+    if let Some(t) = sim.tasks[3].take() {
+        let _ = t;
+        let a = sim.b.lost(3, "killed".into(), sim.now);
+        sim.apply(a);
+    }
+    sim.run_out();
+    assert!(sim.done);
+    let retests: Vec<(u32, u32)> =
+        sim.handed.iter().filter(|(s, _)| **s >= planned).flat_map(|(_, v)| v.iter().copied()).collect();
+    assert_eq!(retests, [failed_pair]);
+    let (o, printed) = sim.outcome();
+    printed_once(&o, &printed);
+    let r = o.rows.iter().find(|r| r.is_retest()).unwrap();
+    assert_eq!(r.retest, Some(Retest::Failed));
+    let a = rows::judge(5, &o.rows, &Thresholds::default());
+    assert_eq!(a.flaky.len(), 1, "it passed its retest: flaky");
+    assert_eq!(a.bad_nodes(), [3], "the node that left");
 }

@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 use super::*;
 use crate::fleet::attribution::Thresholds;
 use crate::fleet::schedule::{Directions, Plan};
-use crate::report::pairs::{PairError, PairRow, Phase};
+use crate::report::pairs::{PairRow, Phase};
 use crate::session::proto::{Task, Work};
 
 const BOTH: [Phase; 2] = [Phase::Bandwidth, Phase::Latency];
@@ -52,8 +52,8 @@ fn node(port: u16, i: u32, n: u32, stop_at: Option<u32>) -> JoinHandle<Result<Ve
                 other => return Err(chan.unexpected(&other, "a task")),
             };
             if let Work::Measure { server, round, retest, .. } = task.work {
-                let mut r = PairRow::failed(step, round, retest, i, server, PairError::node_left(String::new()));
-                (r.error, r.gbps, r.p50_us) = (None, Some(100.0), Some(5.0));
+                let mut r = PairRow::blank(step, round, retest, i, server);
+                (r.gbps, r.p50_us) = (Some(100.0), Some(5.0));
                 last.push(r);
             }
             let done = task.work == Work::Done;
