@@ -10,7 +10,7 @@ use std::time::Instant;
 use rdmabench::fleet::attribution::Thresholds;
 use rdmabench::fleet::schedule::{Directions, Plan};
 use rdmabench::k8s::summarize;
-use rdmabench::report::pairs::{PairError, PairRow};
+use rdmabench::report::pairs::PairRow;
 
 /// A healthy fleet's logs: every planned pair's row, as its node prints it.
 fn write_logs(plan: &Plan, path: &std::path::Path) -> usize {
@@ -23,9 +23,7 @@ fn write_logs(plan: &Plan, path: &std::path::Path) -> usize {
             v ^= v >> 7;
             v ^= v << 17;
             let noise = 1.0 + 0.05 * ((v % 1000) as f64 / 1000.0 - 0.5);
-            let mut r =
-                PairRow::failed(step.index, step.round, None, p.client, p.server, PairError::node_left(String::new()));
-            r.error = None;
+            let mut r = PairRow::blank(step.index, step.round, None, p.client, p.server);
             (r.client_node, r.server_node) = (format!("node-{}", p.client), format!("node-{}", p.server));
             (r.client_addr, r.server_addr) = (
                 format!("10.0.{}.{}", p.client / 250, p.client % 250),
