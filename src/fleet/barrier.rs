@@ -79,23 +79,28 @@ enum Stage {
     Done,
 }
 
-/// One step of the list: its pairs, and what each measures.
+/// One step of the list: its pairs, what each measures, and whether their rows are due
+/// at the next arrival (the pairs' last phase).
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepPlan {
     pub phases: Vec<Phase>,
     pub pairs: Vec<Expected>,
+    pub reports: bool,
 }
 
-impl StepPlan {
-    /// A planned step of the schedule, measuring `phases`.
-    pub fn planned(step: &Step, phases: &[Phase]) -> StepPlan {
-        let pairs = step
-            .pairs
-            .iter()
-            .map(|&pair| Expected { step: step.index, round: step.round, retest: None, pair })
-            .collect();
-        StepPlan { phases: phases.to_vec(), pairs }
-    }
+/// The steps of one set of pairs that measure at the same time, `first` the first's
+/// index: a step per group of `phases`, with a barrier between them (every pair's
+/// bandwidth at once, then every pair's latency, so no latency is measured beside another
+/// pair's stream); the last reports the rows, which carry its index.
+fn phased(pairs: &[(Pair, u32, Option<Retest>)], phases: &[Vec<Phase>], first: u32) -> Vec<StepPlan> {
+    let last = first + phases.len() as u32 - 1;
+    let expected: Vec<Expected> =
+        pairs.iter().map(|&(pair, round, retest)| Expected { step: last, round, retest, pair }).collect();
+    phases
+        .iter()
+        .enumerate()
+        .map(|(k, group)| StepPlan { phases: group.clone(), pairs: expected.clone(), reports: k + 1 == phases.len() })
+        .collect()
 }
 
 /// What the barrier saw: every row (the nodes' and its own) and who left, and why.
@@ -118,7 +123,7 @@ pub struct Barrier {
     fingerprint: String,
     steps: Vec<StepPlan>,
     planned: usize,
-    phases: Vec<Phase>,
+    phases: Vec<Vec<Phase>>,
     thresholds: Thresholds,
     join_timeout: Duration,
     step_timeout: Duration,
@@ -134,24 +139,29 @@ pub struct Barrier {
 
 impl Barrier {
     /// A barrier for `nodes` nodes with `fingerprint` (the plan every node must share)
-    /// over the schedule's `steps`, each pair measuring `phases` (retests too); `now` is
-    /// the time the nodes begin to join.
+    /// over the schedule's `steps`, each run as a step per group of `phases` (retests
+    /// too); `now` is the time the nodes begin to join.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         nodes: u32,
         fingerprint: String,
         steps: &[Step],
-        phases: &[Phase],
+        phases: &[Vec<Phase>],
         thresholds: Thresholds,
         join_timeout: Duration,
         step_timeout: Duration,
         now: Duration,
     ) -> Barrier {
+        let mut list = Vec::new();
+        for s in steps {
+            let pairs: Vec<_> = s.pairs.iter().map(|&p| (p, s.round, None)).collect();
+            list.extend(phased(&pairs, phases, list.len() as u32));
+        }
         Barrier {
             nodes,
             fingerprint,
-            planned: steps.len(),
-            steps: steps.iter().map(|s| StepPlan::planned(s, phases)).collect(),
+            planned: list.len(),
+            steps: list,
             phases: phases.to_vec(),
             thresholds,
             join_timeout,
@@ -320,7 +330,11 @@ impl Barrier {
     /// A node brings the row of the pair it was given in the step that ended, and nothing
     /// else.
     fn check_rows(&self, node: u32, rows: &[PairRow]) -> Result<(), String> {
-        let given = self.assigned[node as usize].as_ref();
+        let due = match self.stage {
+            Stage::Running { step, .. } => self.steps[step as usize].reports,
+            _ => false,
+        };
+        let given = self.assigned[node as usize].as_ref().filter(|_| due);
         for r in rows {
             r.check(self.nodes)?;
         }
@@ -384,6 +398,9 @@ impl Barrier {
     /// The rows of the step that ended which no node reported: their client left.
     fn close_step(&mut self) {
         let Stage::Running { step, .. } = self.stage else { return };
+        if !self.steps[step as usize].reports {
+            return;
+        }
         let members = &self.members;
         let filled = rows::missing(&self.rows[self.step_rows..], &self.steps[step as usize].pairs, |e| {
             let x = e.pair.client;
@@ -401,6 +418,10 @@ impl Barrier {
             let Pair { client, server } = e.pair;
             let gone = [client, server].into_iter().find(|&x| !self.live(x));
             if let Some(x) = gone {
+                // The step that reports the pair writes its row.
+                if !plan.reports {
+                    continue;
+                }
                 let why = format!("node {x} {}", departure_of(&self.members, x));
                 let error = PairError::node_left(x, why);
                 let mut r = PairRow::failed(e.step, e.round, e.retest, client, server, error);
@@ -408,8 +429,13 @@ impl Barrier {
                 self.rows.push(r);
                 continue;
             }
-            tasks[client as usize] =
-                Some(Work::Measure { server, round: e.round, phases: plan.phases.clone(), retest: e.retest });
+            tasks[client as usize] = Some(Work::Measure {
+                server,
+                round: e.round,
+                phases: plan.phases.clone(),
+                retest: e.retest,
+                report: plan.reports,
+            });
             self.assigned[client as usize] = Some(*e);
             tasks[server as usize] = Some(Work::Serve { client });
         }
@@ -468,21 +494,24 @@ fn retest_steps(b: &Barrier, first: u32) -> Vec<StepPlan> {
             pairs.push((Pair { client: r.client, server: r.server }, Retest::Failed));
         }
     }
-    let mut steps: Vec<(StepPlan, HashSet<u32>)> = Vec::new();
+    let mut sets: Vec<(Vec<(Pair, u32, Option<Retest>)>, HashSet<u32>)> = Vec::new();
     for (pair, retest) in pairs {
-        let at = match steps.iter().position(|(_, busy)| !busy.contains(&pair.client) && !busy.contains(&pair.server)) {
+        let at = match sets.iter().position(|(_, busy)| !busy.contains(&pair.client) && !busy.contains(&pair.server)) {
             Some(at) => at,
             None => {
-                steps.push((StepPlan { phases: b.phases.clone(), pairs: Vec::new() }, HashSet::new()));
-                steps.len() - 1
+                sets.push((Vec::new(), HashSet::new()));
+                sets.len() - 1
             }
         };
-        let step = first + at as u32;
-        let (plan, busy) = &mut steps[at];
-        plan.pairs.push(Expected { step, round: 0, retest: Some(retest), pair });
+        let (set, busy) = &mut sets[at];
+        set.push((pair, 0, Some(retest)));
         busy.extend([pair.client, pair.server]);
     }
-    steps.into_iter().map(|(s, _)| s).collect()
+    let mut steps = Vec::new();
+    for (set, _) in sets {
+        steps.extend(phased(&set, &b.phases, first + steps.len() as u32));
+    }
+    steps
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use super::attribution::{self, Thresholds};
 use super::barrier::{Barrier, Outcome};
 use super::config::Measurement;
 use super::coordinator::Coordinator;
-use super::schedule::{Pair, Plan};
+use super::schedule::Plan;
 use crate::bench::runner::{self, RunOptions};
 use crate::error::{Error, Result};
 use crate::report::RunResult;
@@ -18,8 +18,11 @@ use crate::session::proto::{Task, Work};
 use crate::session::{Channel, Listener, Message, handshake};
 use crate::spec::{Measure, Operation, TestSpec};
 
-/// What every pair measures in a step: bandwidth, then latency.
-pub const PHASES: [Phase; 2] = [Phase::Bandwidth, Phase::Latency];
+/// How a step of pairs is run: every pair's bandwidth at once (that loads the fabric),
+/// a barrier, then every pair's latency at once, so that no latency is measured beside
+/// another pair's stream (in the lab a bandwidth pair beside a latency pair raised its
+/// p99 from about 0.2 ms to 8 ms; on a cluster they share the fabric).
+pub const PHASES: [&[Phase]; 2] = [&[Phase::Bandwidth], &[Phase::Latency]];
 
 pub struct NodeConfig {
     pub index: u32,
@@ -93,7 +96,7 @@ pub fn run(cfg: &NodeConfig, opts: &RunOptions) -> Result<NodeOutcome> {
             n,
             fingerprint.clone(),
             &steps,
-            &PHASES,
+            &PHASES.map(<[Phase]>::to_vec),
             cfg.thresholds,
             cfg.join_timeout,
             step_timeout,
@@ -132,6 +135,8 @@ fn take_tasks(cfg: &NodeConfig, opts: &RunOptions, fingerprint: &str, whole: Dur
     let mut chan = Channel::connect(&cfg.peers[0], cfg.barrier_port(), cfg.join_timeout, opts.timeout)?;
     handshake::join(&mut chan, cfg.index, n, fingerprint, opts.token.as_ref())?;
     let (mut mine, mut last) = (Vec::new(), Vec::new());
+    // The pair measured in an earlier phase, whose row is not due yet.
+    let mut pending: Option<PairRow> = None;
     let mut step = 0u32;
     loop {
         chan.send(&Message::Arrive { step, rows: std::mem::take(&mut last) })?;
@@ -144,17 +149,29 @@ fn take_tasks(cfg: &NodeConfig, opts: &RunOptions, fingerprint: &str, whole: Dur
         };
         match work {
             Work::Done => return Ok(mine),
-            Work::Measure { server, round, phases, retest } => {
+            Work::Measure { server, round, phases, retest, report } => {
                 if server >= n || server == cfg.index || phases.is_empty() {
-                    return Err(
-                        chan.unexpected(&Message::Task(Task { step, work: Work::Rest }), "a task of this fleet")
-                    );
+                    return Err(Error::Peer(format!(
+                        "{} gave node {} an impossible task: measure against node {server} of {n} ({} phases); \
+                         run the same rdmabench on every node",
+                        chan.peer(),
+                        cfg.index,
+                        phases.len()
+                    )));
                 }
-                let pair = Pair { client: cfg.index, server };
-                let row = measure_pair(cfg, opts, (step, round, retest), &phases, pair);
-                println!("{}", row.line());
-                mine.push(row.clone());
-                last.push(row);
+                let mut row = pending
+                    .take()
+                    .filter(|r| r.server == server && r.retest == retest)
+                    .unwrap_or_else(|| new_row(cfg, opts, (round, retest), server));
+                measure_phases(cfg, opts, &mut row, &phases);
+                if report {
+                    row.step = step;
+                    println!("{}", row.line());
+                    mine.push(row.clone());
+                    last.push(row);
+                } else {
+                    pending = Some(row);
+                }
             }
             Work::Serve { client } => {
                 eprintln!("rdmabench: fleet: step {step}: node {client} measures against this node")
@@ -165,74 +182,73 @@ fn take_tasks(cfg: &NodeConfig, opts: &RunOptions, fingerprint: &str, whole: Dur
     }
 }
 
-/// One pair: bandwidth (warm-up, then the repeats; their median) and latency (p50 and
-/// p99 medians), as `phases` says, on every rail at once; a failure is the row's error
-/// (its kind and the phase that failed), not the fleet's.
-fn measure_pair(
-    cfg: &NodeConfig,
-    opts: &RunOptions,
-    (step, round, retest): (u32, u32, Option<Retest>),
-    phases: &[Phase],
-    p: Pair,
-) -> PairRow {
+/// The row of this node's pair against `server`, before anything is measured.
+fn new_row(cfg: &NodeConfig, opts: &RunOptions, (round, retest): (u32, Option<Retest>), server: u32) -> PairRow {
     let m = &cfg.measure;
-    let mut o = opts.clone();
-    o.tcp_port = cfg.port + p.server as u16;
-    o.json = None;
-    let host = &cfg.peers[p.server as usize];
-    let mut row = PairRow::blank(step, round, retest, p.client, p.server);
+    let mut row = PairRow::blank(0, round, retest, cfg.index, server);
     row.client_node = crate::names::this_host();
-    row.client_addr = cfg.peers[p.client as usize].clone();
-    row.server_addr = host.clone();
+    row.client_addr = cfg.peers[cfg.index as usize].clone();
+    row.server_addr = cfg.peers[server as usize].clone();
     row.devices = opts.rails.resolve().unwrap_or_default();
     (row.size, row.qps, row.lat_size) = (m.bw_size, m.bw_qps, m.lat_size);
-    let bw = TestSpec {
-        sizes: vec![m.bw_size],
-        iterations: m.bw_iterations,
-        num_qps: m.bw_qps,
-        warmup: m.warmup,
-        ..TestSpec::new(Operation::Write, Measure::Bandwidth)
-    };
-    let lat = TestSpec {
-        sizes: vec![m.lat_size],
-        iterations: m.lat_iterations,
-        warmup: m.warmup.min(m.lat_iterations),
-        ..TestSpec::new(Operation::Write, Measure::Latency)
-    };
-    let mut gbps = Vec::new();
-    let (mut p50, mut p99) = (Vec::new(), Vec::new());
+    row
+}
+
+/// Measures `phases` of the pair into its row: bandwidth (warm-up, then the repeats;
+/// their median) and latency (p50 and p99 medians), on every rail at once. A failure is
+/// the row's error (its kind and the phase that failed), not the fleet's; after one,
+/// later phases are not run.
+fn measure_phases(cfg: &NodeConfig, opts: &RunOptions, row: &mut PairRow, phases: &[Phase]) {
+    let m = &cfg.measure;
+    let mut o = opts.clone();
+    o.tcp_port = cfg.port + row.server as u16;
+    o.json = None;
+    let host = cfg.peers[row.server as usize].clone();
     for &phase in phases {
+        if row.error.is_some() {
+            return;
+        }
         let spec = match phase {
-            Phase::Bandwidth => &bw,
-            Phase::Latency => &lat,
+            Phase::Bandwidth => TestSpec {
+                sizes: vec![m.bw_size],
+                iterations: m.bw_iterations,
+                num_qps: m.bw_qps,
+                warmup: m.warmup,
+                ..TestSpec::new(Operation::Write, Measure::Bandwidth)
+            },
+            Phase::Latency => TestSpec {
+                sizes: vec![m.lat_size],
+                iterations: m.lat_iterations,
+                warmup: m.warmup.min(m.lat_iterations),
+                ..TestSpec::new(Operation::Write, Measure::Latency)
+            },
         };
+        let (mut gbps, mut p50, mut p99) = (Vec::new(), Vec::new(), Vec::new());
         let result = (0..m.repeats).try_for_each(|_| {
-            let run = runner::client(host, spec, &o)?;
-            note_peer(&mut row, &run);
+            let run = runner::client(&host, &spec, &o)?;
+            note_peer(row, &run);
             let first = run.results.first();
-            match phase {
-                Phase::Bandwidth => {
-                    gbps.extend(first.and_then(|r| r.bandwidth.as_ref()).map(|b| b.avg_bytes_per_sec * 8.0 / 1e9))
-                }
-                Phase::Latency => {
-                    if let Some(l) = first.and_then(|r| r.latency.as_ref()) {
-                        p50.push(l.summary.p50_ns / 1e3);
-                        p99.push(l.summary.p99_ns / 1e3);
-                    }
-                }
+            gbps.extend(first.and_then(|r| r.bandwidth.as_ref()).map(|b| b.avg_bytes_per_sec * 8.0 / 1e9));
+            if let Some(l) = first.and_then(|r| r.latency.as_ref()) {
+                p50.push(l.summary.p50_ns / 1e3);
+                p99.push(l.summary.p99_ns / 1e3);
             }
             Ok::<(), Error>(())
         });
+        match phase {
+            Phase::Bandwidth => {
+                row.gbps = attribution::median(&mut gbps.clone());
+                row.gbps_repeats = gbps;
+            }
+            Phase::Latency => {
+                row.p50_us = attribution::median(&mut p50);
+                row.p99_us = attribution::median(&mut p99);
+            }
+        }
         if let Err(e) = result {
             row.error = Some(PairError::of(&e, Some(phase)));
-            break;
         }
     }
-    row.gbps = attribution::median(&mut gbps.clone());
-    row.gbps_repeats = gbps;
-    row.p50_us = attribution::median(&mut p50);
-    row.p99_us = attribution::median(&mut p99);
-    row
 }
 
 /// The server's node name and devices, from a run's environment.

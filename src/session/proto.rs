@@ -151,9 +151,10 @@ pub struct Task {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Work {
-    /// Measure against node `server` (its round of the schedule, the phases to run, and
-    /// what it retests, if it is a retest); then arrive with the pair's row.
-    Measure { server: u32, round: u32, phases: Vec<Phase>, retest: Option<Retest> },
+    /// Measure against node `server` (its round of the schedule, the phases to run in
+    /// this step, and what it retests, if it is a retest); with `report`, arrive with the
+    /// pair's row (its last phase), else keep what was measured for the next phase.
+    Measure { server: u32, round: u32, phases: Vec<Phase>, retest: Option<Retest>, report: bool },
     /// Node `client` measures against this one (every node serves all along).
     Serve { client: u32 },
     /// Nothing this step.

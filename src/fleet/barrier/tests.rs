@@ -7,7 +7,15 @@ use crate::fleet::schedule::{Directions, Plan};
 
 const JOIN: Duration = Duration::from_secs(60);
 const STEP: Duration = Duration::from_secs(100);
-const BOTH: [Phase; 2] = [Phase::Bandwidth, Phase::Latency];
+/// Both measurements of a pair in one step.
+fn together() -> Vec<Vec<Phase>> {
+    vec![vec![Phase::Bandwidth, Phase::Latency]]
+}
+
+/// Every pair's bandwidth in one step, then every pair's latency in the next.
+fn apart() -> Vec<Vec<Phase>> {
+    vec![vec![Phase::Bandwidth], vec![Phase::Latency]]
+}
 
 /// A fleet of simulated nodes around one barrier.
 struct Sim {
@@ -32,8 +40,12 @@ fn plan(nodes: u32, directions: Directions, cap: Option<u32>) -> Plan {
 
 impl Sim {
     fn new(p: Plan) -> Sim {
+        Sim::phased(p, &together())
+    }
+
+    fn phased(p: Plan, phases: &[Vec<Phase>]) -> Sim {
         let steps = p.steps();
-        let b = Barrier::new(p.nodes, "plan".into(), &steps, &BOTH, Thresholds::default(), JOIN, STEP, Duration::ZERO);
+        let b = Barrier::new(p.nodes, "plan".into(), &steps, phases, Thresholds::default(), JOIN, STEP, Duration::ZERO);
         Sim {
             b,
             now: Duration::ZERO,
@@ -92,7 +104,7 @@ impl Sim {
 
     /// The row node `node` reports for its task (`None`: it had no measurement).
     fn row_of(&self, node: u32, task: &Task) -> Option<PairRow> {
-        let Work::Measure { server, round, retest, .. } = task.work else { return None };
+        let Work::Measure { server, round, retest, report: true, .. } = task.work else { return None };
         let mut r = PairRow::blank(task.step, round, retest, node, server);
         (r.gbps, r.p50_us) = (Some((self.gbps)(node, server)), Some(5.0));
         Some(r)
@@ -163,12 +175,17 @@ fn printed_once(o: &Outcome, printed: &[PairRow]) -> BTreeMap<(u32, u32, u32), u
 #[test]
 fn the_whole_plan_walks_for_2_to_64_nodes_in_any_order() {
     for n in 2..=64 {
-        for (dirs, cap) in [(Directions::One, None), (Directions::Both, None), (Directions::Both, Some(2))] {
-            if n > 24 && cap.is_some() {
+        for (dirs, cap, phases) in [
+            (Directions::One, None, together()),
+            (Directions::Both, None, together()),
+            (Directions::Both, Some(2), together()),
+            (Directions::Both, None, apart()),
+        ] {
+            if n > 24 && (cap.is_some() || phases.len() > 1) {
                 continue;
             }
             let p = plan(n, dirs, cap);
-            let mut sim = Sim::new(p);
+            let mut sim = Sim::phased(p, &phases);
             sim.rng ^= n as u64 * 7919;
             sim.start();
             sim.run_out();
@@ -179,15 +196,44 @@ fn the_whole_plan_walks_for_2_to_64_nodes_in_any_order() {
                     assert!(busy.insert(c) && busy.insert(s), "{n}: a node twice in step {step}: {pairs:?}");
                 }
             }
-            let planned: BTreeSet<(u32, u32, u32)> =
-                p.steps().iter().flat_map(|s| s.pairs.iter().map(move |q| (s.index, q.client, q.server))).collect();
+            let steps = p.steps();
+            assert_eq!(sim.b.steps().len(), steps.len() * phases.len(), "a step per phase group");
+            let planned: BTreeSet<(u32, u32)> =
+                steps.iter().flat_map(|s| s.pairs.iter().map(|q| (q.client, q.server))).collect();
             let (o, printed) = sim.outcome();
             let rows = printed_once(&o, &printed);
-            assert_eq!(rows.keys().copied().collect::<BTreeSet<_>>(), planned, "{n} nodes {dirs:?} {cap:?}");
+            let measured: BTreeSet<(u32, u32)> = rows.keys().map(|&(_, c, s)| (c, s)).collect();
+            assert_eq!(measured, planned, "{n} nodes {dirs:?} {cap:?} {phases:?}");
+            assert_eq!(rows.len(), planned.len(), "one row a pair");
             assert!(o.dead.is_empty() && o.rows.iter().all(PairRow::ok), "{n}: {:?}", o.dead);
             assert_eq!(o.rows.len(), planned.len(), "no retest in a healthy fleet");
         }
     }
+}
+
+#[test]
+fn apart_every_pair_streams_in_one_step_and_pings_in_the_next() {
+    let p = plan(6, Directions::One, None);
+    let mut sim = Sim::phased(p, &apart());
+    sim.start();
+    let works: Vec<Work> = sim.tasks.iter().flatten().map(|t| t.work.clone()).collect();
+    let measuring: Vec<&Work> = works.iter().filter(|w| matches!(w, Work::Measure { .. })).collect();
+    assert_eq!(measuring.len(), 3, "every pair of the round at once");
+    assert!(
+        measuring
+            .iter()
+            .all(|w| matches!(w, Work::Measure { phases, report: false, .. } if phases == &[Phase::Bandwidth]))
+    );
+    // No row is due after the bandwidth step; one arriving with a row is dismissed.
+    let t = sim.tasks.iter().flatten().find(|t| matches!(t.work, Work::Measure { .. })).unwrap().clone();
+    let Work::Measure { server, .. } = t.work else { unreachable!() };
+    let node = (0..6).find(|&i| sim.tasks[i as usize].as_ref() == Some(&t)).unwrap();
+    let early = PairRow::blank(t.step, 0, None, node, server);
+    let a = sim.b.arrive(node, t.step + 1, vec![early], sim.now);
+    assert!(
+        matches!(&a[0], Action::Dismiss { why, .. } if why.contains("rows for its one pair") || why.contains("was no task")),
+        "{a:?}"
+    );
 }
 
 #[test]
@@ -199,7 +245,7 @@ fn a_server_hears_who_measures_against_it_and_the_rest_rest() {
         let work = &sim.tasks[i as usize].as_ref().unwrap().work;
         match step0.role_of(i) {
             Some((p, true)) => assert!(
-                matches!(work, Work::Measure { server, phases, retest: None, .. } if *server == p.server && phases == &BOTH)
+                matches!(work, Work::Measure { server, phases, retest: None, report: true, .. } if *server == p.server && phases == &together()[0])
             ),
             Some((p, false)) => assert_eq!(work, &Work::Serve { client: p.client }),
             None => assert_eq!(work, &Work::Rest),

@@ -11,8 +11,12 @@ use crate::fleet::schedule::{Directions, Plan};
 use crate::report::pairs::{PairRow, Phase};
 use crate::session::proto::{Task, Work};
 
-const BOTH: [Phase; 2] = [Phase::Bandwidth, Phase::Latency];
 const WAIT: Duration = Duration::from_secs(20);
+
+/// Bandwidth in one step, latency in the next, as a fleet runs.
+fn phases() -> Vec<Vec<Phase>> {
+    crate::fleet::node::PHASES.iter().map(|g| g.to_vec()).collect()
+}
 
 fn token() -> Token {
     Token::new("a fleet's shared secret", "test").unwrap()
@@ -23,8 +27,16 @@ fn token() -> Token {
 fn coordinator(plan: Plan, join: Duration) -> (u16, i32, JoinHandle<Result<Outcome>>) {
     let listener = Listener::bind(Some("127.0.0.1".parse().unwrap()), 0).unwrap();
     let port = listener.port();
-    let barrier =
-        Barrier::new(plan.nodes, "fp".into(), &plan.steps(), &BOTH, Thresholds::default(), join, WAIT, Duration::ZERO);
+    let barrier = Barrier::new(
+        plan.nodes,
+        "fp".into(),
+        &plan.steps(),
+        &phases(),
+        Thresholds::default(),
+        join,
+        WAIT,
+        Duration::ZERO,
+    );
     let c = Coordinator { listener, token: Some(token()), timeout: Duration::from_secs(5), barrier };
     let (tx, rx) = mpsc::channel();
     let h = std::thread::spawn(move || {
@@ -51,7 +63,7 @@ fn node(port: u16, i: u32, n: u32, stop_at: Option<u32>) -> JoinHandle<Result<Ve
                 Message::Task(t) => t,
                 other => return Err(chan.unexpected(&other, "a task")),
             };
-            if let Work::Measure { server, round, retest, .. } = task.work {
+            if let Work::Measure { server, round, retest, report: true, .. } = task.work {
                 let mut r = PairRow::blank(step, round, retest, i, server);
                 (r.gbps, r.p50_us) = (Some(100.0), Some(5.0));
                 last.push(r);
@@ -73,7 +85,7 @@ fn a_fleet_runs_over_sockets_and_every_node_hears_the_end() {
     let nodes: Vec<_> = (0..6).map(|i| node(port, i, 6, None)).collect();
     for (i, h) in nodes.into_iter().enumerate() {
         let tasks = h.join().unwrap().unwrap();
-        assert_eq!(tasks.len(), plan.steps().len() + 1, "node {i}: a task per step and the end");
+        assert_eq!(tasks.len(), 2 * plan.steps().len() + 1, "node {i}: a task per step and phase, and the end");
         assert_eq!(tasks.last().unwrap().work, Work::Done);
     }
     let o = c.join().unwrap().unwrap();
