@@ -88,11 +88,14 @@ pub struct StepPlan {
     pub reports: bool,
 }
 
+/// A pair to measure: its round of the schedule, and what it retests.
+type Planned = (Pair, u32, Option<Retest>);
+
 /// The steps of one set of pairs that measure at the same time, `first` the first's
 /// index: a step per group of `phases`, with a barrier between them (every pair's
 /// bandwidth at once, then every pair's latency, so no latency is measured beside another
 /// pair's stream); the last reports the rows, which carry its index.
-fn phased(pairs: &[(Pair, u32, Option<Retest>)], phases: &[Vec<Phase>], first: u32) -> Vec<StepPlan> {
+fn phased(pairs: &[Planned], phases: &[Vec<Phase>], first: u32) -> Vec<StepPlan> {
     let last = first + phases.len() as u32 - 1;
     let expected: Vec<Expected> =
         pairs.iter().map(|&(pair, round, retest)| Expected { step: last, round, retest, pair }).collect();
@@ -494,7 +497,7 @@ fn retest_steps(b: &Barrier, first: u32) -> Vec<StepPlan> {
             pairs.push((Pair { client: r.client, server: r.server }, Retest::Failed));
         }
     }
-    let mut sets: Vec<(Vec<(Pair, u32, Option<Retest>)>, HashSet<u32>)> = Vec::new();
+    let mut sets: Vec<(Vec<Planned>, HashSet<u32>)> = Vec::new();
     for (pair, retest) in pairs {
         let at = match sets.iter().position(|(_, busy)| !busy.contains(&pair.client) && !busy.contains(&pair.server)) {
             Some(at) => at,
