@@ -86,6 +86,16 @@ struct PingPong<'a> {
     tag_offset: Option<usize>,
 }
 
+/// The window goes back to the link for the next pass, however this one ended.
+impl Drop for PingPong<'_> {
+    fn drop(&mut self) {
+        let window = std::mem::replace(&mut self.window, SendWindow::new(1, 1));
+        if let Ok(mut slot) = self.link.sends.lock() {
+            *slot = Some(window);
+        }
+    }
+}
+
 impl<'a> PingPong<'a> {
     fn new(link: &'a Link, spec: &'a TestSpec, size: u64) -> PingPong<'a> {
         let imm = spec.with_imm.then_some(0);
@@ -103,7 +113,13 @@ impl<'a> PingPong<'a> {
             link,
             spec,
             req,
-            window: SendWindow::new(spec.tx_depth, spec.effective_cq_mod()),
+            // The link's window, as the last pass left it (see `Link::sends`).
+            window: link
+                .sends
+                .lock()
+                .expect("no poisoning")
+                .take()
+                .unwrap_or_else(|| SendWindow::new(spec.tx_depth, spec.effective_cq_mod())),
             inline: size <= link.inline_size as u64,
             size: size as usize,
             tag_offset: plain_write.then(|| link.layout.recv_at(0) as usize + size as usize - 1),

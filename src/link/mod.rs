@@ -30,7 +30,7 @@ use crate::verbs::inventory;
 use crate::verbs::qp::{GRH_BYTES, PathParams};
 use crate::verbs::{DeviceSelection, Qp, QpCaps, Rdma, RecvRequest, RegisteredBuf, Transport};
 use crate::verbs::{Endpoint, NicIdentity};
-use wait::RecvRing;
+use wait::{RecvRing, SendWindow};
 
 /// Validated bandwidth runs cycle over this much memory per region at most, so each
 /// in-flight message has its own slot and can be checked where it lands.
@@ -162,6 +162,12 @@ pub struct Link {
     pub mtu: u32,
     /// The posted receives of send and write-with-immediate tests; they live across sizes.
     pub receives: Mutex<Option<RecvRing>>,
+    /// The ping-pong's send window: what is still in the QP's send queue lives across
+    /// sizes and passes too. A pass ends when the last reply arrived, which can be before
+    /// this side's last message is acknowledged (an ACK delayed or lost and resent): a
+    /// fresh window for the next pass would take that queue for empty and post beyond it
+    /// (rxe: ibv_post_send fails with ENOMEM at tx depth 1).
+    pub sends: Mutex<Option<SendWindow>>,
     /// With `-R`: the rdma_cm connection, disconnected when the link goes.
     _cm: Option<CmConnection>,
 }
@@ -320,6 +326,7 @@ impl Prepared {
                 inline_size,
                 mtu,
                 receives: Mutex::new(None),
+                sends: Mutex::new(None),
                 _cm: cm,
             };
             if let Some(ring) = spec.ring_layout() {
