@@ -20,6 +20,10 @@ pub struct Measurement {
     pub lat_iterations: u64,
     pub warmup: u64,
     pub repeats: u32,
+    /// The RC ACK timeout exponent of every pair's QPs (a workload's `qp_timeout`: 4.096 us
+    /// x 2^N before RC retransmits); the device's default when absent. A fabric whose
+    /// queues hold a window longer than the default 67 ms needs more.
+    pub qp_timeout: Option<u32>,
 }
 
 impl Default for Measurement {
@@ -32,6 +36,7 @@ impl Default for Measurement {
             lat_iterations: 1000,
             warmup: 100,
             repeats: 3,
+            qp_timeout: None,
         }
     }
 }
@@ -47,7 +52,15 @@ impl Measurement {
         if self.bw_size == 0 || self.lat_size == 0 || self.bw_iterations == 0 || self.lat_iterations == 0 {
             return Err("bw_size, lat_size, bw_iterations and lat_iterations must be at least 1".into());
         }
+        let fabric = self.fabric();
+        fabric.check(crate::spec::options::Field::key).map_err(|r| r.message)?;
         Ok(())
+    }
+
+    /// The path every pair's QPs take: the defaults, with `qp_timeout` when given.
+    pub fn fabric(&self) -> crate::spec::Fabric {
+        let d = crate::spec::Fabric::default();
+        crate::spec::Fabric { qp_timeout: self.qp_timeout.unwrap_or(d.qp_timeout), ..d }
     }
 
     /// How long one pair may take before its step's barrier gives up on a node: every
@@ -104,5 +117,9 @@ mod tests {
             FleetFile::parse("name = \"x\"\n[thresholds]\nnode_min_ratio = 2.0\n", "f").unwrap_err().contains("(0, 1]")
         );
         assert!(FleetFile::parse("name = \"x\"\n[measure]\nsize = 2\n", "f").unwrap_err().contains("unknown field"));
+        let slow = FleetFile::parse("name = \"x\"\n[measure]\nqp_timeout = 19\n", "f").unwrap();
+        assert_eq!(slow.measure.fabric().qp_timeout, 19);
+        let e = FleetFile::parse("name = \"x\"\n[measure]\nqp_timeout = 40\n", "f").unwrap_err();
+        assert!(e.contains("qp_timeout 40 is out of range; use qp_timeout 0..=31"), "{e}");
     }
 }

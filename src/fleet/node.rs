@@ -214,12 +214,14 @@ fn measure_phases(cfg: &NodeConfig, opts: &RunOptions, row: &mut PairRow, phases
                 iterations: m.bw_iterations,
                 num_qps: m.bw_qps,
                 warmup: m.warmup,
+                fabric: m.fabric(),
                 ..TestSpec::new(Operation::Write, Measure::Bandwidth)
             },
             Phase::Latency => TestSpec {
                 sizes: vec![m.lat_size],
                 iterations: m.lat_iterations,
                 warmup: m.warmup.min(m.lat_iterations),
+                fabric: m.fabric(),
                 ..TestSpec::new(Operation::Write, Measure::Latency)
             },
         };

@@ -1,0 +1,12 @@
+//! Lab tests: real bytes over real verbs (soft-RoCE in the lab guest, or an RDMA host).
+//! Built only with `--features lab` and run by `lab/test` inside the guest; each test
+//! starts real rdmabench processes on rxe. They never skip: without RDMA they fail.
+//!
+//! One module per topology, each run in its own guest by `lab/test`: `loopback` (one
+//! device), `rails` (two cables), `fleet` (a switch of six simulated nodes); what they
+//! share is in `common`.
+
+mod common;
+mod fleet;
+mod loopback;
+mod rails;
