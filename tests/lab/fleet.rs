@@ -16,18 +16,18 @@ fn node_addr(k: u32) -> String {
     format!("10.88.0.{}", 10 + k)
 }
 
-/// A fleet workload small enough for the lab, with `measure` added to its `[measure]`.
-/// The lab's pairs vary by +-15 % between repeats under emulation (real fleets agree to
-/// about 1 %), so the tests judge with looser ratios and z-scores, and disturb the fleet
-/// by far more than that.
-fn lab_fleet_workload(dir: &tempfile::TempDir, measure: &str) -> String {
+/// A fleet workload small enough for the lab, with `measure` added to its `[measure]`
+/// and `thresholds` to its `[thresholds]`. The lab's pairs vary by +-15 % between repeats
+/// under emulation (real fleets agree to about 1 %), so the tests judge with looser
+/// ratios and z-scores, and disturb the fleet by far more than that.
+fn lab_fleet_workload(dir: &tempfile::TempDir, measure: &str, thresholds: &str) -> String {
     let path = json_file(dir, "fleet.toml");
     std::fs::write(
         &path,
         format!(
             "name = \"lab-fleet\"\n[measure]\nbw_size = 65536\nbw_qps = 2\nbw_iterations = 300\nlat_size = 2\n\
              lat_iterations = 300\nwarmup = 20\nrepeats = 3\n{measure}\n[thresholds]\nnode_min_ratio = 0.6\n\
-             link_min_ratio = 0.6\nnode_min_z = -8.0\nlink_min_z = -3.0\nlatency_max_ratio = 4.0\n"
+             link_min_ratio = 0.6\nnode_min_z = -8.0\nlink_min_z = -3.0\nlatency_max_ratio = 4.0\n{thresholds}\n"
         ),
     )
     .unwrap();
@@ -38,9 +38,14 @@ fn lab_fleet_workload(dir: &tempfile::TempDir, measure: &str) -> String {
 /// has no congestion control on rxe, and 2 QPs x 128 x 64 KiB in flight (16 MiB) take 1.3 s
 /// through 100 Mb/s, twenty times the default 67 ms ACK timeout. So the limiter's queue
 /// holds the whole window (`limit` in packets of the 4 KiB MTU) and the ACK timeout
-/// (`qp_timeout = 19`: 2.1 s) outlasts its queueing delay.
-const SLOW_LINK_MEASURE: &str = "qp_timeout = 19";
+/// (`qp_timeout = 20`: 4.3 s) outlasts its queueing delay (2.7 s at 50 Mb/s, a tenth of
+/// a healthy pair's rate on a fast day here, a fourth on a slow one). A port given a
+/// queueing discipline gets a queue as long too (`txqueuelen`, the length of its bands'
+/// FIFOs): 1000 packets, veth's default, drop the window, and each drop costs an ACK
+/// timeout.
+const SLOW_LINK_MEASURE: &str = "qp_timeout = 20";
 const SLOW_LINK_QUEUE: &str = "limit 8192";
+const SLOW_RATE: &str = "rate 50mbit";
 
 /// A started node whose output is read as it comes (a fleet prints more than a pipe holds).
 struct Node {
@@ -185,10 +190,16 @@ fn lab_fleet_00_six_nodes_on_one_switch() {
 /// Five nodes (odd: one rests each round), both directions: every ordered pair exactly
 /// once, no node in two pairs of a step, five rounds a direction; then six (even) with at
 /// most two pairs at a time. Every output file is written and the healthy fleet passes.
+///
+/// Pairs here measure at the same time on the guest's 2 vCPUs, and rxe then fails a
+/// bandwidth pair now and then (seen: "remote invalid request error" after retransmissions
+/// that the busy vCPUs caused, no packet dropped): such a pair passes its retest and is
+/// flaky, which this test allows (`max_flaky_pairs = 3`) while it still asks that no pair
+/// fail twice and no node or link be bad.
 #[test]
 fn lab_fleet_all_pairs_are_covered_once_per_direction_and_no_node_is_in_two_pairs_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let workload = lab_fleet_workload(&dir, "");
+    let workload = lab_fleet_workload(&dir, "", "max_flaky_pairs = 3");
     for (n, extra) in [(5u32, vec!["--directions", "both"]), (6, vec!["--max-pairs-per-round", "2"])] {
         let base = fleet_ports(n);
         let t = Instant::now();
@@ -202,9 +213,15 @@ fn lab_fleet_all_pairs_are_covered_once_per_direction_and_no_node_is_in_two_pair
         let rows: Vec<Value> = pair_rows(&outs).into_iter().filter(|r| r["retest"].is_null()).collect();
         let mut seen = std::collections::BTreeSet::new();
         let mut busy: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
-        for r in &rows {
-            assert!(r["error"].is_null(), "{r}");
+        let failed: Vec<(u64, u64)> = rows
+            .iter()
+            .filter(|r| !r["error"].is_null())
+            .map(|r| (r["client"].as_u64().unwrap(), r["server"].as_u64().unwrap()))
+            .collect();
+        for r in rows.iter().filter(|r| r["error"].is_null()) {
             assert!(r["gbps"].as_f64().unwrap() > 0.0 && r["p50_us"].as_f64().unwrap() > 0.0, "{r}");
+        }
+        for r in &rows {
             let (c, s) = (r["client"].as_u64().unwrap(), r["server"].as_u64().unwrap());
             assert_eq!(r["client_node"], format!("node-{c}").as_str());
             assert_eq!(r["server_node"], format!("node-{s}").as_str());
@@ -222,6 +239,9 @@ fn lab_fleet_all_pairs_are_covered_once_per_direction_and_no_node_is_in_two_pair
             summarize_fleet(&outs, n, &dir, &workload, if n == 5 { &["--directions", "both"] } else { &[] });
         assert_eq!(s.code, 0, "{}\n{}", s.stdout, s.stderr);
         assert_eq!(verdict["verdict"], "pass", "{verdict}");
+        let flaky = verdict["flaky_pairs"].as_array().unwrap();
+        eprintln!("{n} nodes: {} pair(s) failed once and passed their retest: {flaky:?}", failed.len());
+        assert_eq!(flaky.len(), failed.len(), "every failed pair passed its retest: {verdict}");
         let csv = std::fs::read_to_string(dir.path().join("fleet/matrix-gbps.csv")).unwrap();
         assert_eq!(
             csv.lines().next().unwrap(),
@@ -257,6 +277,7 @@ impl Drop for Qdiscs {
     fn drop(&mut self) {
         for p in &self.0 {
             let _ = Command::new("tc").args(["qdisc", "del", "dev", p, "root"]).status();
+            let _ = Command::new("ip").args(["link", "set", "dev", p, "txqueuelen", "1000"]).status();
         }
     }
 }
@@ -266,12 +287,12 @@ impl Drop for Qdiscs {
 #[test]
 fn lab_fleet_a_node_with_a_slow_port_is_named_as_the_bad_node() {
     let dir = tempfile::tempdir().unwrap();
-    let workload = lab_fleet_workload(&dir, SLOW_LINK_MEASURE);
+    let workload = lab_fleet_workload(&dir, SLOW_LINK_MEASURE, "");
     let slow = Qdiscs::on(
         &["n3", "s3"],
         &format!(
-            "tc qdisc add dev n3 root netem rate 100mbit {SLOW_LINK_QUEUE} && \
-             tc qdisc add dev s3 root netem rate 100mbit {SLOW_LINK_QUEUE}"
+            "tc qdisc add dev n3 root netem {SLOW_RATE} {SLOW_LINK_QUEUE} && \
+             tc qdisc add dev s3 root netem {SLOW_RATE} {SLOW_LINK_QUEUE}"
         ),
     );
     let base = fleet_ports(5);
@@ -299,18 +320,23 @@ fn lab_fleet_a_node_with_a_slow_port_is_named_as_the_bad_node() {
 #[test]
 fn lab_fleet_one_degraded_path_is_named_as_a_bad_link_not_a_node() {
     let dir = tempfile::tempdir().unwrap();
-    let workload = lab_fleet_workload(&dir, SLOW_LINK_MEASURE);
+    let workload = lab_fleet_workload(&dir, SLOW_LINK_MEASURE, "");
     // Every port gets the same classifier (its cost under emulation is the same for all);
     // only node 1's sends the path to node 4 through a rate limit.
     let ports = ["n0", "n1", "n2", "n3", "n4"];
     let classify: Vec<String> = ports
         .iter()
-        .map(|p| format!("tc qdisc add dev {p} root handle 1: prio bands 3 priomap 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1"))
+        .map(|p| {
+            format!(
+                "ip link set dev {p} txqueuelen 8192 && \
+                 tc qdisc add dev {p} root handle 1: prio bands 3 priomap 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1"
+            )
+        })
         .collect();
     let path = Qdiscs::on(
         &ports,
         &format!(
-            "{} && tc qdisc add dev n1 parent 1:3 handle 30: netem rate 150mbit {SLOW_LINK_QUEUE} && \
+            "{} && tc qdisc add dev n1 parent 1:3 handle 30: netem {SLOW_RATE} {SLOW_LINK_QUEUE} && \
              tc filter add dev n1 parent 1: protocol ip u32 match ip dst 10.88.0.14/32 flowid 1:3",
             classify.join(" && ")
         ),
@@ -336,7 +362,7 @@ fn lab_fleet_one_degraded_path_is_named_as_a_bad_link_not_a_node() {
 #[test]
 fn lab_fleet_a_node_that_dies_mid_fleet_is_named_and_the_others_results_are_kept() {
     let dir = tempfile::tempdir().unwrap();
-    let workload = lab_fleet_workload(&dir, "");
+    let workload = lab_fleet_workload(&dir, "", "");
     let base = fleet_ports(5);
     let t = Instant::now();
     let mut nodes = start_fleet(5, &base, &workload, &[]);
@@ -373,7 +399,7 @@ fn lab_fleet_a_node_that_dies_mid_fleet_is_named_and_the_others_results_are_kept
 #[test]
 fn lab_fleet_a_pair_that_fails_once_is_reported_flaky_not_bad() {
     let dir = tempfile::tempdir().unwrap();
-    let workload = lab_fleet_workload(&dir, "");
+    let workload = lab_fleet_workload(&dir, "", "");
     let base = fleet_ports(5);
     let (tx, rx) = std::sync::mpsc::channel();
     let watch = (4, tx, "step 0: node 1 measures against this node");
