@@ -21,13 +21,18 @@ fn node_addr(k: u32) -> String {
 /// under emulation (real fleets agree to about 1 %), so the tests judge with looser
 /// ratios and z-scores, and disturb the fleet by far more than that.
 fn lab_fleet_workload(dir: &tempfile::TempDir, measure: &str, thresholds: &str) -> String {
+    let thresholds = if thresholds.contains("latency_max_ratio") {
+        thresholds.to_string()
+    } else {
+        format!("latency_max_ratio = 4.0\n{thresholds}")
+    };
     let path = json_file(dir, "fleet.toml");
     std::fs::write(
         &path,
         format!(
             "name = \"lab-fleet\"\n[measure]\nbw_size = 65536\nbw_qps = 2\nbw_iterations = 300\nlat_size = 2\n\
              lat_iterations = 300\nwarmup = 20\nrepeats = 3\n{measure}\n[thresholds]\nnode_min_ratio = 0.6\n\
-             link_min_ratio = 0.6\nnode_min_z = -8.0\nlink_min_z = -3.0\nlatency_max_ratio = 4.0\n{thresholds}\n"
+             link_min_ratio = 0.6\nnode_min_z = -8.0\nlink_min_z = -3.0\n{thresholds}\n"
         ),
     )
     .unwrap();
@@ -39,10 +44,7 @@ fn lab_fleet_workload(dir: &tempfile::TempDir, measure: &str, thresholds: &str) 
 /// through 100 Mb/s, twenty times the default 67 ms ACK timeout. So the limiter's queue
 /// holds the whole window (`limit` in packets of the 4 KiB MTU) and the ACK timeout
 /// (`qp_timeout = 20`: 4.3 s) outlasts its queueing delay (2.7 s at 50 Mb/s, a tenth of
-/// a healthy pair's rate on a fast day here, a fourth on a slow one). A port given a
-/// queueing discipline gets a queue as long too (`txqueuelen`, the length of its bands'
-/// FIFOs): 1000 packets, veth's default, drop the window, and each drop costs an ACK
-/// timeout.
+/// a healthy pair's rate on a fast day here, a fourth on a slow one).
 const SLOW_LINK_MEASURE: &str = "qp_timeout = 20";
 const SLOW_LINK_QUEUE: &str = "limit 8192";
 const SLOW_RATE: &str = "rate 50mbit";
@@ -195,11 +197,13 @@ fn lab_fleet_00_six_nodes_on_one_switch() {
 /// bandwidth pair now and then (seen: "remote invalid request error" after retransmissions
 /// that the busy vCPUs caused, no packet dropped): such a pair passes its retest and is
 /// flaky, which this test allows (`max_flaky_pairs = 3`) while it still asks that no pair
-/// fail twice and no node or link be bad.
+/// fail twice and no node or link be bad. Two ping-pongs at once share the vCPUs and
+/// measure milliseconds now and then (6.7 ms against 27 us alone, seen), so this test does
+/// not judge latency (`latency_max_ratio = 1000`); the others measure one pair at a time.
 #[test]
 fn lab_fleet_all_pairs_are_covered_once_per_direction_and_no_node_is_in_two_pairs_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let workload = lab_fleet_workload(&dir, "", "max_flaky_pairs = 3");
+    let workload = lab_fleet_workload(&dir, "", "max_flaky_pairs = 3\nlatency_max_ratio = 1000.0");
     for (n, extra) in [(5u32, vec!["--directions", "both"]), (6, vec!["--max-pairs-per-round", "2"])] {
         let base = fleet_ports(n);
         let t = Instant::now();
@@ -277,7 +281,6 @@ impl Drop for Qdiscs {
     fn drop(&mut self) {
         for p in &self.0 {
             let _ = Command::new("tc").args(["qdisc", "del", "dev", p, "root"]).status();
-            let _ = Command::new("ip").args(["link", "set", "dev", p, "txqueuelen", "1000"]).status();
         }
     }
 }
@@ -320,23 +323,22 @@ fn lab_fleet_a_node_with_a_slow_port_is_named_as_the_bad_node() {
 #[test]
 fn lab_fleet_one_degraded_path_is_named_as_a_bad_link_not_a_node() {
     let dir = tempfile::tempdir().unwrap();
-    let workload = lab_fleet_workload(&dir, SLOW_LINK_MEASURE, "");
+    // The default ACK timeout here: the classifiers on every port make the bridge drop
+    // now and then, and with a 4.3 s ACK timeout each drop stalled a pair for seconds
+    // (every pair of node 1 fell to a tenth). The limited path does retransmit its window
+    // (RC has no congestion control), which only makes it slower.
+    let workload = lab_fleet_workload(&dir, "", "");
     // Every port gets the same classifier (its cost under emulation is the same for all);
     // only node 1's sends the path to node 4 through a rate limit.
     let ports = ["n0", "n1", "n2", "n3", "n4"];
     let classify: Vec<String> = ports
         .iter()
-        .map(|p| {
-            format!(
-                "ip link set dev {p} txqueuelen 8192 && \
-                 tc qdisc add dev {p} root handle 1: prio bands 3 priomap 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1"
-            )
-        })
+        .map(|p| format!("tc qdisc add dev {p} root handle 1: prio bands 3 priomap 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1"))
         .collect();
     let path = Qdiscs::on(
         &ports,
         &format!(
-            "{} && tc qdisc add dev n1 parent 1:3 handle 30: netem {SLOW_RATE} {SLOW_LINK_QUEUE} && \
+            "{} && tc qdisc add dev n1 parent 1:3 handle 30: netem rate 100mbit && \
              tc filter add dev n1 parent 1: protocol ip u32 match ip dst 10.88.0.14/32 flowid 1:3",
             classify.join(" && ")
         ),
@@ -381,7 +383,7 @@ fn lab_fleet_a_node_that_dies_mid_fleet_is_named_and_the_others_results_are_kept
     }
     let rows = pair_rows(&outs);
     let with_2 = |r: &&Value| r["client"] == 2 || r["server"] == 2;
-    let others: Vec<&Value> = rows.iter().filter(|r| !with_2(r)).collect();
+    let others: Vec<&Value> = rows.iter().filter(|r| !with_2(r) && r["retest"].is_null()).collect();
     assert_eq!(others.len(), 6, "every pair of the four others: {rows:?}");
     assert!(others.iter().all(|r| r["error"].is_null()), "{others:?}");
     let (s, verdict) = summarize_fleet(&outs, 5, &dir, &workload, &[]);
