@@ -596,12 +596,12 @@ pub fn server(opts: &RunOptions, local_test_flags: &[&str]) -> Result<RunResult>
 /// authenticated client says it has finished, or a signal. A failed or hostile session is
 /// logged and the next awaited: the client owns the verdict.
 pub fn serve_workload(opts: &RunOptions) -> Result<()> {
-    serve_workload_at(opts.door()?, opts)
+    serve_workload_at(opts.door()?, opts, &|_| {})
 }
 
 /// [`serve_workload`] at a door already open (a fleet node binds before it joins, so a
-/// port in use stops it at once).
-pub fn serve_workload_at(door: Door, opts: &RunOptions) -> Result<()> {
+/// port in use stops it at once); each failed session is also told to `failed`.
+pub fn serve_workload_at(door: Door, opts: &RunOptions, failed: &dyn Fn(&Error)) -> Result<()> {
     loop {
         match door.next(opts.connect_timeout)? {
             (mut chan, Message::Finish { .. }) => {
@@ -610,7 +610,10 @@ pub fn serve_workload_at(door: Door, opts: &RunOptions) -> Result<()> {
             }
             (chan, hello) => match serve(&door, chan, hello, opts, &[]) {
                 (Err(e @ Error::Interrupted(_)), _) => return Err(e),
-                (Err(e), _) => eprintln!("rdmabench: this session failed: {e}; waiting for the next"),
+                (Err(e), _) => {
+                    eprintln!("rdmabench: this session failed: {e}; waiting for the next");
+                    failed(&e);
+                }
                 (Ok(_), _) => {}
             },
         }

@@ -440,7 +440,7 @@ impl Barrier {
                 report: plan.reports,
             });
             self.assigned[client as usize] = Some(*e);
-            tasks[server as usize] = Some(Work::Serve { client });
+            tasks[server as usize] = Some(Work::Serve { client, report: plan.reports });
         }
         for m in self.members.iter_mut() {
             if let Member::In { arrived } = m {

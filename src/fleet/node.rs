@@ -3,6 +3,8 @@
 //! coordinator: arrive (with the rows of the step before), take its task, do it. Node 0
 //! also runs the coordinator and, at the end, prints the fleet's verdict.
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::attribution::{self, Thresholds};
@@ -13,16 +15,20 @@ use super::schedule::Plan;
 use crate::bench::runner::{self, RunOptions};
 use crate::error::{Error, Result};
 use crate::report::RunResult;
-use crate::report::pairs::{PairError, PairRow, Phase, Retest};
+use crate::report::pairs::{PairError, PairRow, Phase, Retest, ServedRow};
 use crate::session::proto::{Task, Work};
 use crate::session::{Channel, Listener, Message, handshake};
 use crate::spec::{Measure, Operation, TestSpec};
+use crate::verbs::counters;
 
 /// How a step of pairs is run: every pair's bandwidth at once (that loads the fabric),
 /// a barrier, then every pair's latency at once, so that no latency is measured beside
 /// another pair's stream (in the lab a bandwidth pair beside a latency pair raised its
 /// p99 from about 0.2 ms to 8 ms; on a cluster they share the fabric).
 pub const PHASES: [&[Phase]; 2] = [&[Phase::Bandwidth], &[Phase::Latency]];
+
+/// The messages of the serving thread's failed sessions since the pair being served began.
+type Failures = Arc<Mutex<Vec<String>>>;
 
 pub struct NodeConfig {
     pub index: u32,
@@ -107,11 +113,15 @@ pub fn run(cfg: &NodeConfig, opts: &RunOptions) -> Result<NodeOutcome> {
     } else {
         None
     };
+    // The serving thread's failed sessions, for the pair being served.
+    let failures: Failures = Arc::default();
     let server = {
         let o = serving.clone();
-        std::thread::spawn(move || runner::serve_workload_at(door, &o))
+        let failures = Arc::clone(&failures);
+        let failed = move |e: &Error| failures.lock().expect("no poisoning").push(e.message());
+        std::thread::spawn(move || runner::serve_workload_at(door, &o, &failed))
     };
-    let outcome = take_tasks(cfg, opts, &fingerprint, whole);
+    let outcome = take_tasks(cfg, opts, &fingerprint, whole, &failures);
     // This node's server ends with a finish from this node, as a workload's would.
     let mut finishing = serving.clone();
     finishing.connect_timeout = Duration::from_secs(5);
@@ -130,13 +140,22 @@ pub fn run(cfg: &NodeConfig, opts: &RunOptions) -> Result<NodeOutcome> {
 
 /// The node's loop: join, then arrive -> task -> do it, until the coordinator says the
 /// fleet is over. Each measured pair's row is printed here, once.
-fn take_tasks(cfg: &NodeConfig, opts: &RunOptions, fingerprint: &str, whole: Duration) -> Result<Vec<PairRow>> {
+fn take_tasks(
+    cfg: &NodeConfig,
+    opts: &RunOptions,
+    fingerprint: &str,
+    whole: Duration,
+    failures: &Failures,
+) -> Result<Vec<PairRow>> {
     let n = cfg.plan.nodes;
     let mut chan = Channel::connect(&cfg.peers[0], cfg.barrier_port(), cfg.join_timeout, opts.timeout)?;
     handshake::join(&mut chan, cfg.index, n, fingerprint, opts.token.as_ref())?;
     let (mut mine, mut last) = (Vec::new(), Vec::new());
     // The pair measured in an earlier phase, whose row is not due yet.
     let mut pending: Option<PairRow> = None;
+    // The pair this node serves: its client, this side's counters when it began, and
+    // whether the step just ended was its last phase.
+    let mut serving: Option<(u32, Vec<counters::Reading>, bool)> = None;
     let mut step = 0u32;
     loop {
         chan.send(&Message::Arrive { step, rows: std::mem::take(&mut last) })?;
@@ -147,6 +166,18 @@ fn take_tasks(cfg: &NodeConfig, opts: &RunOptions, fingerprint: &str, whole: Dur
             }
             other => return Err(chan.unexpected(&other, &format!("this node's task for step {step}"))),
         };
+        // The step before has ended: what this node saw of the pair it served, if done.
+        if let Some((client, before, true)) = serving.take_if(|s| s.2) {
+            let errors = std::mem::take(&mut *failures.lock().expect("no poisoning"));
+            let served = ServedRow {
+                step: step - 1,
+                client,
+                server: cfg.index,
+                counters: counters_since(opts, &before),
+                error: (!errors.is_empty()).then(|| errors.join("; ")),
+            };
+            println!("{}", served.line());
+        }
         match work {
             Work::Done => return Ok(mine),
             Work::Measure { server, round, phases, retest, report } => {
@@ -173,8 +204,15 @@ fn take_tasks(cfg: &NodeConfig, opts: &RunOptions, fingerprint: &str, whole: Dur
                     pending = Some(row);
                 }
             }
-            Work::Serve { client } => {
-                eprintln!("rdmabench: fleet: step {step}: node {client} measures against this node")
+            Work::Serve { client, report } => {
+                eprintln!("rdmabench: fleet: step {step}: node {client} measures against this node");
+                match serving.as_mut().filter(|s| s.0 == client) {
+                    Some(s) => s.2 = report,
+                    None => {
+                        failures.lock().expect("no poisoning").clear();
+                        serving = Some((client, read_counters(opts), report));
+                    }
+                }
             }
             Work::Rest => {}
         }
@@ -194,11 +232,37 @@ fn new_row(cfg: &NodeConfig, opts: &RunOptions, (round, retest): (u32, Option<Re
     row
 }
 
-/// Measures `phases` of the pair into its row: bandwidth (warm-up, then the repeats;
-/// their median) and latency (p50 and p99 medians), on every rail at once. A failure is
-/// the row's error (its kind and the phase that failed), not the fleet's; after one,
-/// later phases are not run.
+/// Measures `phases` of the pair into its row, with this side's port counters that moved
+/// meanwhile (added to what earlier phases moved).
 fn measure_phases(cfg: &NodeConfig, opts: &RunOptions, row: &mut PairRow, phases: &[Phase]) {
+    let before = read_counters(opts);
+    measure_each(cfg, opts, row, phases);
+    for (name, delta) in counters_since(opts, &before) {
+        *row.counters.entry(name).or_default() += delta;
+    }
+}
+
+/// This node's ports' counters now, one reading per rail.
+fn read_counters(opts: &RunOptions) -> Vec<counters::Reading> {
+    let devices = opts.rails.resolve().unwrap_or_default();
+    devices.iter().map(|d| counters::read_now(d, opts.rails.ib_port)).collect()
+}
+
+/// What moved on this node's ports since `before`, every rail summed.
+fn counters_since(opts: &RunOptions, before: &[counters::Reading]) -> BTreeMap<String, u64> {
+    let mut sum = BTreeMap::new();
+    for (now, was) in read_counters(opts).iter().zip(before) {
+        for (name, delta) in now.since(was) {
+            *sum.entry(name).or_default() += delta;
+        }
+    }
+    sum
+}
+
+/// Each of `phases`: bandwidth (warm-up, then the repeats; their median) and latency
+/// (p50 and p99 medians), on every rail at once. A failure is the row's error (its kind
+/// and the phase that failed), not the fleet's; after one, later phases are not run.
+fn measure_each(cfg: &NodeConfig, opts: &RunOptions, row: &mut PairRow, phases: &[Phase]) {
     let m = &cfg.measure;
     let mut o = opts.clone();
     o.tcp_port = cfg.port + row.server as u16;

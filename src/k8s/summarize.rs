@@ -12,7 +12,7 @@ use crate::fleet::attribution::Thresholds;
 use crate::fleet::output;
 use crate::fleet::rows::{self, Expected};
 use crate::fleet::schedule::Plan;
-use crate::report::pairs::{PAIR_MARK, PairError, PairRow, RowSource};
+use crate::report::pairs::{PAIR_MARK, PairError, PairRow, RowSource, SERVED_MARK, ServedRow};
 use crate::report::run::RunDocument;
 use crate::units::Sig;
 
@@ -188,6 +188,7 @@ pub fn all_pairs(
             paths.join(", ")
         )));
     }
+    join_served(paths, plan.nodes, &mut rows)?;
     let replaced = rows::prefer_measured(&mut rows);
     if replaced > 0 {
         eprintln!(
@@ -216,6 +217,30 @@ pub fn all_pairs(
     };
     out.write_all(text.as_bytes()).map_err(|e| Error::Environment(format!("cannot write: {e}")))?;
     crate::fleet::verdict_of(&a)
+}
+
+/// Each server's `RDMABENCH_SERVED` line joined to its pair's row: the server's counters
+/// and its own error, so a failed pair is seen from both ends.
+fn join_served(paths: &[String], nodes: u32, rows: &mut [PairRow]) -> Result<()> {
+    let served: Vec<ServedRow> = read_logs(paths, |r| {
+        records(
+            r,
+            SERVED_MARK,
+            |s: &ServedRow| (s.client, s.server, s.step, false),
+            "served pair {0} -> {1} of one step",
+        )
+    })?;
+    let mut by_pair = std::collections::HashMap::new();
+    for s in served {
+        s.check(nodes).map_err(|e| Error::Usage(format!("a {SERVED_MARK}line: {e}")))?;
+        by_pair.insert((s.step, s.client, s.server), s);
+    }
+    for r in rows.iter_mut().filter(|r| r.source == RowSource::Client) {
+        if let Some(s) = by_pair.remove(&(r.step, r.client, r.server)) {
+            (r.peer_counters, r.peer_error) = (s.counters, s.error);
+        }
+    }
+    Ok(())
 }
 
 fn first_metric(run: &RunDocument, metric: &str) -> Option<f64> {
@@ -601,5 +626,47 @@ mod tests {
         std::fs::write(&log, twice).unwrap();
         let e = all_pairs(&[log.display().to_string()], &plan, &Thresholds::default(), None, true, &mut Vec::new());
         assert!(e.unwrap_err().message().contains("a second pair 0 -> 1"));
+    }
+
+    #[test]
+    fn a_servers_line_joins_its_pairs_row_so_a_failure_is_seen_from_both_ends() {
+        let plan = Plan { nodes: 2, directions: crate::fleet::schedule::Directions::One, max_pairs_per_round: None };
+        let mut failed = PairRow::failed(
+            0,
+            0,
+            None,
+            0,
+            1,
+            PairError::of(
+                &Error::Peer("made no progress for 5.0 s".into()),
+                Some(crate::report::pairs::Phase::Latency),
+            ),
+        );
+        failed.counters = [("completer_retry_err".to_string(), 7)].into();
+        let served = ServedRow {
+            step: 0,
+            client: 0,
+            server: 1,
+            counters: [("duplicate_request".to_string(), 6)].into(),
+            error: Some("waited for send completions".into()),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("fleet.log");
+        std::fs::write(&log, format!("{}\n{}\n", failed.line(), served.line())).unwrap();
+        let out_dir = dir.path().join("out");
+        let e = all_pairs(
+            &[log.display().to_string()],
+            &plan,
+            &Thresholds::default(),
+            Some(&out_dir),
+            true,
+            &mut Vec::new(),
+        );
+        assert_eq!(e.unwrap_err().exit_code(), 1);
+        let pairs = std::fs::read_to_string(out_dir.join("pairs.jsonl")).unwrap();
+        let row: PairRow = serde_json::from_str(pairs.lines().next().unwrap()).unwrap();
+        assert_eq!(row.counters["completer_retry_err"], 7);
+        assert_eq!(row.peer_counters["duplicate_request"], 6);
+        assert_eq!(row.peer_error.as_deref(), Some("waited for send completions"));
     }
 }

@@ -5,6 +5,7 @@
 //! the coordinator and its nodes share about a pair: which phase of it, whether it is a
 //! retest and of what, and why it failed.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -13,6 +14,10 @@ use crate::error::Error;
 
 /// The marker of a pair's line in a pod's log.
 pub const PAIR_MARK: &str = "RDMABENCH_PAIR ";
+/// The marker of a server's line for a pair it served.
+pub const SERVED_MARK: &str = "RDMABENCH_SERVED ";
+/// The most counter names a row carries for one side.
+pub const MAX_ROW_COUNTERS: usize = 1024;
 
 /// One measurement of a pair: its bandwidth test or its latency test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -183,6 +188,62 @@ pub struct PairRow {
     /// Why the pair failed; none when it passed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<PairError>,
+    /// The measuring side's port counters that moved while it measured the pair (every
+    /// rail summed): retransmissions, sequence errors, RNR NAKs say whether the link
+    /// dropped packets or a process stalled.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub counters: BTreeMap<String, u64>,
+    /// The server's side, from its `RDMABENCH_SERVED` line (`summarize` joins it): its
+    /// ports' counters while it served the pair, and its own error, if it had one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub peer_counters: BTreeMap<String, u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_error: Option<String>,
+}
+
+/// What a node saw while it served a pair: printed once, by the server, as a
+/// `RDMABENCH_SERVED` line; `summarize` joins it to the pair's row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServedRow {
+    /// The step whose row reports the pair (its last phase).
+    pub step: u32,
+    pub client: u32,
+    pub server: u32,
+    /// The server's ports' counters that moved while it served the pair.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub counters: BTreeMap<String, u64>,
+    /// The server's own error in a session of the pair, if it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl ServedRow {
+    pub fn line(&self) -> String {
+        format!("{SERVED_MARK}{}", serde_json::to_string(self).expect("a record serialises"))
+    }
+
+    /// Bounds a record from a log.
+    pub fn check(&self, nodes: u32) -> Result<(), String> {
+        if self.client >= nodes || self.server >= nodes || self.client == self.server {
+            return Err(format!("a pair {} -> {} is no pair of a fleet of {nodes}", self.client, self.server));
+        }
+        check_counters(&self.counters)?;
+        if self.error.as_ref().is_some_and(|e| e.len() > MAX_ERROR_LEN) {
+            return Err(format!(
+                "served pair {} -> {} has an error over {MAX_ERROR_LEN} bytes",
+                self.client, self.server
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn check_counters(c: &BTreeMap<String, u64>) -> Result<(), String> {
+    if c.len() > MAX_ROW_COUNTERS || c.keys().any(|k| k.len() > 253) {
+        return Err(format!("{} counters, or a name over 253 bytes: at most {MAX_ROW_COUNTERS}", c.len()));
+    }
+    Ok(())
 }
 
 /// The longest error message a row may carry from a peer.
@@ -225,6 +286,9 @@ impl PairRow {
             p50_us: None,
             p99_us: None,
             error: None,
+            counters: BTreeMap::new(),
+            peer_counters: BTreeMap::new(),
+            peer_error: None,
         }
     }
 
@@ -256,7 +320,11 @@ impl PairRow {
         if self.error.as_ref().is_some_and(|e| e.node.is_some_and(|x| x != self.client && x != self.server)) {
             return Err(format!("pair {} -> {} blames a node of another pair", self.client, self.server));
         }
-        if self.error.as_ref().is_some_and(|e| e.message.len() > MAX_ERROR_LEN) {
+        check_counters(&self.counters)?;
+        check_counters(&self.peer_counters)?;
+        if self.error.as_ref().is_some_and(|e| e.message.len() > MAX_ERROR_LEN)
+            || self.peer_error.as_ref().is_some_and(|e| e.len() > MAX_ERROR_LEN)
+        {
             return Err(format!("pair {} -> {} has an error over {MAX_ERROR_LEN} bytes", self.client, self.server));
         }
         let retest_ok = match self.retest {

@@ -155,8 +155,9 @@ pub enum Work {
     /// this step, and what it retests, if it is a retest); with `report`, arrive with the
     /// pair's row (its last phase), else keep what was measured for the next phase.
     Measure { server: u32, round: u32, phases: Vec<Phase>, retest: Option<Retest>, report: bool },
-    /// Node `client` measures against this one (every node serves all along).
-    Serve { client: u32 },
+    /// Node `client` measures against this one (every node serves all along); with
+    /// `report`, this is the pair's last phase: the node then reports what it saw.
+    Serve { client: u32, report: bool },
     /// Nothing this step.
     Rest,
     /// The fleet is over.

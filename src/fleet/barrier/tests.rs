@@ -247,7 +247,7 @@ fn a_server_hears_who_measures_against_it_and_the_rest_rest() {
             Some((p, true)) => assert!(
                 matches!(work, Work::Measure { server, phases, retest: None, report: true, .. } if *server == p.server && phases == &together()[0])
             ),
-            Some((p, false)) => assert_eq!(work, &Work::Serve { client: p.client }),
+            Some((p, false)) => assert_eq!(work, &Work::Serve { client: p.client, report: true }),
             None => assert_eq!(work, &Work::Rest),
         }
     }
