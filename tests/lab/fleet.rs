@@ -18,8 +18,10 @@ fn node_addr(k: u32) -> String {
 
 /// A fleet workload small enough for the lab, with `measure` added to its `[measure]`
 /// and `thresholds` to its `[thresholds]`. The lab's pairs vary by +-15 % between repeats
-/// under emulation (real fleets agree to about 1 %), so the tests judge with looser
-/// ratios and z-scores, and disturb the fleet by far more than that.
+/// under emulation (real fleets agree to about 1 %), so the tests judge nodes and links by
+/// looser ratios, and disturb the fleet by far more than that; a node's z-score is left
+/// out (`node_min_z = -50`): five nodes that happen to agree closely put the spread near
+/// its floor, and one at 0.934x was named bad at z -9.6 in a flaky-pair run.
 fn fleet_workload(dir: &tempfile::TempDir, measure: &str, thresholds: &str) -> String {
     let thresholds = if thresholds.contains("latency_max_ratio") {
         thresholds.to_string()
@@ -32,7 +34,7 @@ fn fleet_workload(dir: &tempfile::TempDir, measure: &str, thresholds: &str) -> S
         format!(
             "name = \"lab-fleet\"\n[measure]\nbw_size = 65536\nbw_qps = 2\nbw_iterations = 300\nlat_size = 2\n\
              lat_iterations = 300\nwarmup = 20\nrepeats = 3\n{measure}\n[thresholds]\nnode_min_ratio = 0.6\n\
-             link_min_ratio = 0.6\nnode_min_z = -8.0\nlink_min_z = -3.0\n{thresholds}\n"
+             link_min_ratio = 0.6\nnode_min_z = -50.0\nlink_min_z = -3.0\n{thresholds}\n"
         ),
     )
     .unwrap();
