@@ -51,10 +51,6 @@ impl PairTable {
     pub fn get(&self, client: u32, server: u32) -> Option<usize> {
         self.at(client, server).map(|at| self.cell[at]).filter(|&i| i != EMPTY).map(|i| i as usize)
     }
-
-    pub fn nodes(&self) -> u32 {
-        self.n as u32
-    }
 }
 
 /// One planned pair: its step and round, and whether it is a retest (and of what).
