@@ -18,7 +18,7 @@ use std::time::Duration;
 use super::attribution::{self, NodeReason, Thresholds};
 use super::rows::{self, Expected};
 use super::schedule::{Pair, Step};
-use crate::report::pairs::{FailureKind, PairError, PairRow, Phase, Retest, RowSource};
+use crate::report::pairs::{FailureKind, PairError, PairRow, Phase, Retest, RowSource, ServedRow};
 use crate::session::proto::{Task, Work};
 
 /// Why a node is no longer in the fleet.
@@ -110,6 +110,8 @@ fn phased(pairs: &[Planned], phases: &[Vec<Phase>], first: u32) -> Vec<StepPlan>
 #[derive(Debug, Default)]
 pub struct Outcome {
     pub rows: Vec<PairRow>,
+    /// What each server saw of the pair it served (`rows::join_served` joins them).
+    pub served: Vec<ServedRow>,
     pub dead: BTreeMap<u32, Departure>,
 }
 
@@ -138,6 +140,13 @@ pub struct Barrier {
     /// Where the rows of the running step begin in `rows`.
     step_rows: usize,
     retests_added: bool,
+    /// The servers' records not yet received, by (step, client, server): a node may send
+    /// only these.
+    owed: HashSet<(u32, u32, u32)>,
+    served: Vec<ServedRow>,
+    /// Whether the last step, where every node rests so that the last servers can send
+    /// their records, is in the list.
+    flushed: bool,
 }
 
 impl Barrier {
@@ -175,6 +184,9 @@ impl Barrier {
             rows: Vec::new(),
             step_rows: 0,
             retests_added: false,
+            owed: HashSet::new(),
+            served: Vec::new(),
+            flushed: false,
         }
     }
 
@@ -227,8 +239,16 @@ impl Barrier {
         }
     }
 
-    /// Node `node` arrives at `step` with the rows of the step before.
-    pub fn arrive(&mut self, node: u32, step: u32, rows: Vec<PairRow>, now: Duration) -> Vec<Action> {
+    /// Node `node` arrives at `step` with the rows of the step before and its records of
+    /// the pair it served before that.
+    pub fn arrive(
+        &mut self,
+        node: u32,
+        step: u32,
+        rows: Vec<PairRow>,
+        served: Vec<ServedRow>,
+        now: Duration,
+    ) -> Vec<Action> {
         if self.is_done() {
             return Vec::new();
         }
@@ -244,10 +264,14 @@ impl Barrier {
             }
             _ => return Vec::new(),
         }
-        if let Err(why) = self.check_rows(node, &rows) {
+        if let Err(why) = self.check_rows(node, &rows).and_then(|()| self.check_served(node, &served)) {
             return self.depart(node, Departure::BadRow { step: awaited, why }, now);
         }
         self.rows.extend(rows);
+        for s in &served {
+            self.owed.remove(&(s.step, s.client, s.server));
+        }
+        self.served.extend(served);
         self.members[node as usize] = Member::In { arrived: true };
         self.advance(now)
     }
@@ -320,7 +344,7 @@ impl Barrier {
                 _ => None,
             })
             .collect();
-        Outcome { rows: self.rows, dead }
+        Outcome { rows: self.rows, served: self.served, dead }
     }
 
     fn depart(&mut self, node: u32, why: Departure, now: Duration) -> Vec<Action> {
@@ -362,6 +386,20 @@ impl Barrier {
         }
     }
 
+    /// A node brings its records of the pairs it served, each once.
+    fn check_served(&self, node: u32, served: &[ServedRow]) -> Result<(), String> {
+        for s in served {
+            s.check(self.nodes)?;
+            if s.server != node || !self.owed.contains(&(s.step, s.client, s.server)) {
+                return Err(format!(
+                    "a record of pair {} -> {} at step {} that node {node} did not serve, or sent before",
+                    s.client, s.server, s.step
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn live(&self, node: u32) -> bool {
         matches!(self.members[node as usize], Member::In { .. })
     }
@@ -382,6 +420,12 @@ impl Barrier {
                 self.steps.extend(retests);
             }
             self.step_rows = self.rows.len();
+            if next as usize == self.steps.len() && !self.flushed && !self.owed.is_empty() {
+                // A server learns that its pair is over from its next task, and sends its
+                // record with the arrival after: one more step, where everyone rests.
+                self.flushed = true;
+                self.steps.push(StepPlan { phases: Vec::new(), pairs: Vec::new(), reports: false });
+            }
             if next as usize >= self.steps.len() {
                 self.stage = Stage::Done;
                 for i in 0..self.nodes {
@@ -440,6 +484,9 @@ impl Barrier {
                 report: plan.reports,
             });
             self.assigned[client as usize] = Some(*e);
+            if plan.reports {
+                self.owed.insert((e.step, client, server));
+            }
             tasks[server as usize] = Some(Work::Serve { client, report: plan.reports });
         }
         for m in self.members.iter_mut() {

@@ -194,7 +194,9 @@ impl Links {
         while let Some(chan) = self.nodes[node as usize].as_mut() {
             let acts = match chan.poll_peer("its arrival") {
                 Ok(PeerPoll::Quiet) => return,
-                Ok(PeerPoll::Message(Message::Arrive { step, rows })) => barrier.arrive(node, step, rows, self.now()),
+                Ok(PeerPoll::Message(Message::Arrive { step, rows, served })) => {
+                    barrier.arrive(node, step, rows, served, self.now())
+                }
                 Ok(PeerPoll::Message(other)) => barrier.out_of_turn(node, other.kind(), self.now()),
                 Err(e) => {
                     self.nodes[node as usize] = None;

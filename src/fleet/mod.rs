@@ -26,7 +26,9 @@ use crate::error::{Error, Result};
 /// that left, and the verdict, and fails (exit 1) when a node or a link is bad.
 pub fn command(cfg: &node::NodeConfig, opts: &RunOptions, out: &mut dyn Write) -> Result<()> {
     let outcome = node::run(cfg, opts)?;
-    let Some(b) = &outcome.barrier else { return Ok(()) };
+    let Some(mut b) = outcome.barrier else { return Ok(()) };
+    // Each failed pair seen from both ends: the servers' records joined to the rows.
+    rows::join_served(&mut b.rows, std::mem::take(&mut b.served));
     let io = |e: std::io::Error| Error::Environment(format!("cannot write: {e}"));
     for r in b.coordinator_rows() {
         writeln!(out, "{}", r.line()).map_err(io)?;

@@ -150,7 +150,7 @@ fn take_tasks(
     let n = cfg.plan.nodes;
     let mut chan = Channel::connect(&cfg.peers[0], cfg.barrier_port(), cfg.join_timeout, opts.timeout)?;
     handshake::join(&mut chan, cfg.index, n, fingerprint, opts.token.as_ref())?;
-    let (mut mine, mut last) = (Vec::new(), Vec::new());
+    let (mut mine, mut last, mut records) = (Vec::new(), Vec::new(), Vec::new());
     // The pair measured in an earlier phase, whose row is not due yet.
     let mut pending: Option<PairRow> = None;
     // The pair this node serves: its client, this side's counters when it began, and
@@ -158,7 +158,8 @@ fn take_tasks(
     let mut serving: Option<(u32, Vec<counters::Reading>, bool)> = None;
     let mut step = 0u32;
     loop {
-        chan.send(&Message::Arrive { step, rows: std::mem::take(&mut last) })?;
+        let (rows, served) = (std::mem::take(&mut last), std::mem::take(&mut records));
+        chan.send(&Message::Arrive { step, rows, served })?;
         let Task { work, .. } = match chan.recv_within("this node's task in the fleet", whole)? {
             Message::Task(t) if t.step == step => t,
             Message::Refuse { code, message } => {
@@ -177,6 +178,8 @@ fn take_tasks(
                 error: (!errors.is_empty()).then(|| errors.join("; ")),
             };
             println!("{}", served.line());
+            // Node 0 joins it to the pair's row too, for its own verdict.
+            records.push(served);
         }
         match work {
             Work::Done => return Ok(mine),

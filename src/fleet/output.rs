@@ -235,6 +235,7 @@ pub fn summary_md(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds)
             let _ = writeln!(s, "| {} -> {} | {} |", label[f.client as usize], label[f.server as usize], f.error);
         }
     }
+    failed_pairs(&mut s, rows, &label);
     let _ = writeln!(
         s,
         "\nThresholds: node below {}x or z below {}, failing against {} of its partners; link below {}x with z below {}; \
@@ -248,6 +249,40 @@ pub fn summary_md(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds)
         t.max_flaky_pairs
     );
     s
+}
+
+/// The most failed pairs the summary lists; `pairs.jsonl` has every one.
+const LISTED_FAILURES: usize = 50;
+
+/// Each failed pair from both ends: this side's error, the server's own, and the
+/// counters each side's ports moved (did the link drop packets, or a process stall?).
+fn failed_pairs(s: &mut String, rows: &[PairRow], label: &[String]) {
+    let failed: Vec<&PairRow> = rows.iter().filter(|r| !r.ok()).collect();
+    if failed.is_empty() {
+        return;
+    }
+    s.push_str("\n| failed pair | error | server's error | counters (client; server) |\n|---|---|---|---|\n");
+    let counters = |c: &std::collections::BTreeMap<String, u64>| {
+        let moved: Vec<String> = c.iter().filter(|(_, v)| **v > 0).map(|(k, v)| format!("{k} {v}")).collect();
+        if moved.is_empty() { "-".to_string() } else { moved.join(", ") }
+    };
+    let cell = |t: &str| t.replace('|', "/").replace('\n', " ");
+    for r in failed.iter().take(LISTED_FAILURES) {
+        let _ = writeln!(
+            s,
+            "| {} -> {}{} | {} | {} | {}; {} |",
+            label[r.client as usize],
+            label[r.server as usize],
+            if r.is_retest() { " (retest)" } else { "" },
+            cell(&r.error.as_ref().map_or(String::new(), |e| e.to_string())),
+            cell(r.peer_error.as_deref().unwrap_or("-")),
+            counters(&r.counters),
+            counters(&r.peer_counters),
+        );
+    }
+    if failed.len() > LISTED_FAILURES {
+        let _ = writeln!(s, "\n{} more failed pair(s) in pairs.jsonl.", failed.len() - LISTED_FAILURES);
+    }
 }
 
 /// Every row as a JSON line.
@@ -334,6 +369,23 @@ mod tests {
         let svg = heatmap_svg(5, &r, &a);
         roxmltree::Document::parse(&svg).unwrap();
         assert!(svg.contains(">fail<") && svg.contains(">n1<"));
+    }
+
+    #[test]
+    fn the_summary_shows_a_failed_pair_from_both_ends() {
+        let mut r = rows(5);
+        let failed = r.iter_mut().find(|x| (x.client, x.server) == (2, 0)).unwrap();
+        failed.counters = [("completer_retry_err".to_string(), 7), ("rnr_nak_retry_err".to_string(), 0)].into();
+        failed.peer_counters = [("duplicate_request".to_string(), 12)].into();
+        failed.peer_error = Some("waited for send completions | 5.0 s".into());
+        let t = Thresholds::default();
+        let md = summary_md(5, &r, &rows::judge(5, &r, &t), &t);
+        let line = md.lines().find(|l| l.starts_with("| n2 -> n0 |")).unwrap_or_else(|| panic!("{md}"));
+        assert_eq!(
+            line,
+            "| n2 -> n0 | peer lost | waited for send completions / 5.0 s \
+             | completer_retry_err 7; duplicate_request 12 |"
+        );
     }
 
     #[test]

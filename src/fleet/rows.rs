@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use super::attribution::{self, Attribution, Observation, Thresholds};
 use super::schedule::Pair;
-use crate::report::pairs::{PairError, PairRow, Retest, RowSource};
+use crate::report::pairs::{PairError, PairRow, Retest, RowSource, ServedRow};
 
 /// An index of `n` nodes' ordered pairs: which item (row, observation) each pair's is.
 #[derive(Debug, Clone)]
@@ -94,6 +94,19 @@ pub fn prefer_measured(rows: &mut Vec<PairRow>) -> usize {
     before - rows.len()
 }
 
+/// Each server's record of a pair joined to the pair's row (by step and pair): the
+/// server's counters and its own error, so a failed pair is seen from both ends. Node 0
+/// joins what its nodes sent, `summarize` what their logs hold.
+pub fn join_served(rows: &mut [PairRow], served: impl IntoIterator<Item = ServedRow>) {
+    let mut by_pair: std::collections::HashMap<_, _> =
+        served.into_iter().map(|s| ((s.step, s.client, s.server), s)).collect();
+    for r in rows.iter_mut().filter(|r| r.source == RowSource::Client) {
+        if let Some(s) = by_pair.remove(&(r.step, r.client, r.server)) {
+            (r.peer_counters, r.peer_error) = (s.counters, s.error);
+        }
+    }
+}
+
 /// A row as the verdict's arithmetic sees it.
 pub fn observation(r: &PairRow) -> Observation {
     Observation {
@@ -157,5 +170,26 @@ mod tests {
         assert_eq!(prefer_measured(&mut all), 1);
         assert_eq!(all.len(), 1);
         assert_eq!(all[0].source, RowSource::Client);
+    }
+
+    #[test]
+    fn a_servers_record_joins_its_pairs_row_only() {
+        let mut rows = vec![ok_row(4, 0, 1), ok_row(4, 2, 3), PairRow::blank(6, 0, None, 1, 0)];
+        rows[2].source = RowSource::Coordinator;
+        let served = |step, client, server, error: Option<&str>| ServedRow {
+            step,
+            client,
+            server,
+            counters: [("duplicate_request".to_string(), 9)].into(),
+            error: error.map(str::to_string),
+        };
+        join_served(
+            &mut rows,
+            [served(4, 0, 1, Some("waited for send completions")), served(5, 2, 3, None), served(6, 1, 0, None)],
+        );
+        assert_eq!(rows[0].peer_error.as_deref(), Some("waited for send completions"));
+        assert_eq!(rows[0].peer_counters["duplicate_request"], 9);
+        assert!(rows[1].peer_counters.is_empty(), "another step's record is another pair's");
+        assert!(rows[2].peer_counters.is_empty(), "a coordinator's row has no server that saw it");
     }
 }

@@ -230,16 +230,10 @@ fn join_served(paths: &[String], nodes: u32, rows: &mut [PairRow]) -> Result<()>
             "served pair {0} -> {1} of one step",
         )
     })?;
-    let mut by_pair = std::collections::HashMap::new();
-    for s in served {
+    for s in &served {
         s.check(nodes).map_err(|e| Error::Usage(format!("a {SERVED_MARK}line: {e}")))?;
-        by_pair.insert((s.step, s.client, s.server), s);
     }
-    for r in rows.iter_mut().filter(|r| r.source == RowSource::Client) {
-        if let Some(s) = by_pair.remove(&(r.step, r.client, r.server)) {
-            (r.peer_counters, r.peer_error) = (s.counters, s.error);
-        }
-    }
+    rows::join_served(rows, served);
     Ok(())
 }
 

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::report::RunResult;
-use crate::report::pairs::{PairRow, Phase, Retest};
+use crate::report::pairs::{PairRow, Phase, Retest, ServedRow};
 use crate::spec::TestSpec;
 use crate::stats::ThroughputSummary;
 use crate::verbs::endpoint::Endpoint;
@@ -24,7 +24,8 @@ use crate::verbs::endpoint::Endpoint;
 /// v3: the server speaks first (`Greeting` with a nonce); hello and finish carry the
 /// token's proof (`session::auth`).
 /// v4: a fleet's coordinator hands each node its `Task` (was: `Go` with the dead nodes).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// v5: a fleet node's arrival carries what it saw of the pair it served.
+pub const PROTOCOL_VERSION: u32 = 5;
 pub const MAGIC: &str = "rdmabench";
 
 /// One session per rail: rail `index` of the client's `devices`, paired with the server's
@@ -131,10 +132,13 @@ pub enum Message {
         auth: Option<String>,
     },
     /// A fleet node is ready for step `step`, with the rows of the pairs it measured in
-    /// the step before.
+    /// the step before, and what it saw of the pair it served before that (a server
+    /// learns that its pair is over only from its next task).
     Arrive {
         step: u32,
         rows: Vec<PairRow>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        served: Vec<ServedRow>,
     },
     /// The coordinator: what the node does in a step (`fleet::barrier` decides).
     Task(Task),

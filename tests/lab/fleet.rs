@@ -431,4 +431,10 @@ fn lab_fleet_a_pair_that_fails_once_is_reported_flaky_not_bad() {
     assert_eq!(verdict["bad_links"], serde_json::json!([]), "{verdict}");
     assert!(s.stdout.contains("flaky pair") && s.stdout.contains("node-1 -> node-4"), "{}", s.stdout);
     assert_eq!(outs[0].code, 1, "node 0 fails the fleet too: {}", outs[0].stderr);
+    // Node 0's own summary shows the failed pair from both ends: the servers' records
+    // reach it with their arrivals. A 6 s flap under RC moves retransmission counters.
+    let line = outs[0].stdout.lines().find(|l| l.starts_with("| node-1 -> node-4 |"));
+    let line = line.unwrap_or_else(|| panic!("node 0 lists the failed pair:\n{}", outs[0].stdout));
+    assert!(!line.ends_with("| -; - |"), "some port counted the flap: {line}");
+    eprintln!("node 0's failed pair: {line}");
 }

@@ -31,6 +31,9 @@ struct Sim {
     gbps: fn(u32, u32) -> f64,
     /// Every step's (client, server) pairs as handed out.
     handed: BTreeMap<u32, Vec<(u32, u32)>>,
+    /// The pair each node served in its last step, reporting (step, client): its record
+    /// rides on the arrival after the next, as a real node's does.
+    serving: Vec<Option<(u32, u32)>>,
     rng: u64,
 }
 
@@ -55,6 +58,7 @@ impl Sim {
             printed: Vec::new(),
             gbps: |_, _| 100.0,
             handed: BTreeMap::new(),
+            serving: vec![None; p.nodes as usize],
             rng: 0x9e37_79b9_7f4a_7c15,
         }
     }
@@ -97,8 +101,12 @@ impl Sim {
     }
 
     fn arrive(&mut self, node: u32, step: u32, rows: Vec<PairRow>) {
+        self.arrive_with(node, step, rows, Vec::new());
+    }
+
+    fn arrive_with(&mut self, node: u32, step: u32, rows: Vec<PairRow>, served: Vec<ServedRow>) {
         self.now += Duration::from_millis(7);
-        let a = self.b.arrive(node, step, rows, self.now);
+        let a = self.b.arrive(node, step, rows, served, self.now);
         self.apply(a);
     }
 
@@ -131,7 +139,19 @@ impl Sim {
         let task = self.tasks[node as usize].take().unwrap();
         let rows: Vec<PairRow> = self.row_of(node, &task).into_iter().collect();
         self.printed.extend(rows.iter().cloned());
-        self.arrive(node, task.step + 1, rows);
+        let served = self.served_before(node, &task);
+        self.arrive_with(node, task.step + 1, rows, served);
+    }
+
+    /// Node `node`, given `task`, knows the pair it served in the step before is over.
+    fn served_before(&mut self, node: u32, task: &Task) -> Vec<ServedRow> {
+        let done = self.serving[node as usize].take();
+        if let Work::Serve { client, report: true } = task.work {
+            self.serving[node as usize] = Some((task.step, client));
+        }
+        done.map(|(step, client)| ServedRow { step, client, server: node, counters: Default::default(), error: None })
+            .into_iter()
+            .collect()
     }
 
     /// Everyone joins and arrives at step 0, in a random order.
@@ -197,7 +217,11 @@ fn the_whole_plan_walks_for_2_to_64_nodes_in_any_order() {
                 }
             }
             let steps = p.steps();
-            assert_eq!(sim.b.steps().len(), steps.len() * phases.len(), "a step per phase group");
+            assert_eq!(
+                sim.b.steps().len(),
+                steps.len() * phases.len() + 1,
+                "a step per phase group, and one where the last servers send their records"
+            );
             let planned: BTreeSet<(u32, u32)> =
                 steps.iter().flat_map(|s| s.pairs.iter().map(|q| (q.client, q.server))).collect();
             let (o, printed) = sim.outcome();
@@ -207,6 +231,10 @@ fn the_whole_plan_walks_for_2_to_64_nodes_in_any_order() {
             assert_eq!(rows.len(), planned.len(), "one row a pair");
             assert!(o.dead.is_empty() && o.rows.iter().all(PairRow::ok), "{n}: {:?}", o.dead);
             assert_eq!(o.rows.len(), planned.len(), "no retest in a healthy fleet");
+            let served: BTreeSet<(u32, u32, u32)> = o.served.iter().map(|s| (s.step, s.client, s.server)).collect();
+            let reported: BTreeSet<(u32, u32, u32)> = o.rows.iter().map(|r| (r.step, r.client, r.server)).collect();
+            assert_eq!(served, reported, "{n}: every pair's server sent its record, once");
+            assert_eq!(o.served.len(), o.rows.len());
         }
     }
 }
@@ -229,7 +257,7 @@ fn apart_every_pair_streams_in_one_step_and_pings_in_the_next() {
     let Work::Measure { server, .. } = t.work else { unreachable!() };
     let node = (0..6).find(|&i| sim.tasks[i as usize].as_ref() == Some(&t)).unwrap();
     let early = PairRow::blank(t.step, 0, None, node, server);
-    let a = sim.b.arrive(node, t.step + 1, vec![early], sim.now);
+    let a = sim.b.arrive(node, t.step + 1, vec![early], Vec::new(), sim.now);
     assert!(
         matches!(&a[0], Action::Dismiss { why, .. } if why.contains("rows for its one pair") || why.contains("was no task")),
         "{a:?}"
@@ -416,7 +444,7 @@ fn forged_duplicate_missing_and_out_of_turn_rows_dismiss_their_sender() {
         let task = sim.tasks[0].take().unwrap();
         let mut rows: Vec<PairRow> = sim.row_of(0, &task).into_iter().collect();
         forge(&mut rows, 0);
-        let a = sim.b.arrive(0, 1, rows, sim.now);
+        let a = sim.b.arrive(0, 1, rows, Vec::new(), sim.now);
         assert!(
             matches!(&a[0], Action::Dismiss { node: 0, why } if why.starts_with("sent a bad row at step 1")),
             "{what}: {a:?}"
@@ -432,12 +460,12 @@ fn forged_duplicate_missing_and_out_of_turn_rows_dismiss_their_sender() {
     let mut sim = Sim::new(plan(4, Directions::One, None));
     sim.start();
     sim.step_one(1);
-    let a = sim.b.arrive(1, 1, Vec::new(), sim.now);
+    let a = sim.b.arrive(1, 1, Vec::new(), Vec::new(), sim.now);
     assert!(
         matches!(&a[0], Action::Dismiss { node: 1, why } if why == "sent a second arrival where its arrival at step 1 was due"),
         "{a:?}"
     );
-    let a = sim.b.arrive(2, 7, Vec::new(), sim.now);
+    let a = sim.b.arrive(2, 7, Vec::new(), Vec::new(), sim.now);
     assert!(matches!(&a[0], Action::Dismiss { node: 2, .. }), "{a:?}");
     let a = sim.b.out_of_turn(3, "hello", sim.now);
     assert!(
@@ -525,4 +553,41 @@ fn a_failed_pair_is_retested_against_the_same_peer_and_a_pair_of_a_node_that_lef
     let a = rows::judge(5, &o.rows, &Thresholds::default());
     assert_eq!(a.flaky.len(), 1, "it passed its retest: flaky");
     assert_eq!(a.bad_nodes(), [3], "the node that left");
+}
+
+#[test]
+fn a_server_sends_only_the_records_of_pairs_it_served() {
+    let record = |step, client, server| ServedRow { step, client, server, counters: Default::default(), error: None };
+    // Node 0 serves nobody in step 0 of a 4-node round (it measures): any record is forged.
+    let mut sim = Sim::new(plan(4, Directions::One, None));
+    sim.start();
+    let server = (0..4).find(|&i| matches!(sim.tasks[i as usize].as_ref().unwrap().work, Work::Serve { .. })).unwrap();
+    let Work::Serve { client, .. } = sim.tasks[server as usize].as_ref().unwrap().work else { unreachable!() };
+    let cases: [(&str, u32, ServedRow); 3] = [
+        ("a pair it did not serve", server, record(0, server, client)),
+        ("a pair another node served", client, record(0, client, server)),
+        ("a step that is not over", server, record(9, client, server)),
+    ];
+    for (what, node, forged) in cases {
+        let mut sim = Sim::new(plan(4, Directions::One, None));
+        sim.start();
+        let task = sim.tasks[node as usize].take().unwrap();
+        let rows: Vec<PairRow> = sim.row_of(node, &task).into_iter().collect();
+        let a = sim.b.arrive(node, 1, rows, vec![forged], sim.now);
+        assert!(
+            matches!(&a[0], Action::Dismiss { node: n, why } if *n == node && why.contains("did not serve")),
+            "{what}: {a:?}"
+        );
+    }
+    // The real record passes once, and a second copy is refused.
+    sim.step_all();
+    let task = sim.tasks[server as usize].take().unwrap();
+    let a = sim.b.arrive(server, task.step + 1, Vec::new(), vec![record(0, client, server)], sim.now);
+    assert!(a.iter().all(|a| !matches!(a, Action::Dismiss { .. })), "{a:?}");
+    sim.apply(a);
+    sim.step_all();
+    let task = sim.tasks[server as usize].take().unwrap();
+    let rows: Vec<PairRow> = sim.row_of(server, &task).into_iter().collect();
+    let a = sim.b.arrive(server, task.step + 1, rows, vec![record(0, client, server)], sim.now);
+    assert!(matches!(&a[0], Action::Dismiss { why, .. } if why.contains("or sent before")), "{a:?}");
 }

@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 use super::*;
 use crate::fleet::attribution::Thresholds;
 use crate::fleet::schedule::{Directions, Plan};
-use crate::report::pairs::{PairRow, Phase};
+use crate::report::pairs::{PairRow, Phase, ServedRow};
 use crate::session::proto::{Task, Work};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -54,11 +54,15 @@ fn node(port: u16, i: u32, n: u32, stop_at: Option<u32>) -> JoinHandle<Result<Ve
         let mut chan = Channel::connect("127.0.0.1", port, WAIT, WAIT)?;
         handshake::join(&mut chan, i, n, "fp", Some(&token()))?;
         let (mut step, mut last, mut tasks) = (0, Vec::new(), Vec::new());
+        // The pair served in the last step, reporting: its record goes with the arrival
+        // after the next, as a real node's does.
+        let (mut serving, mut records) = (None, Vec::new());
         loop {
             if stop_at == Some(step) {
                 return Ok(tasks);
             }
-            chan.send(&Message::Arrive { step, rows: std::mem::take(&mut last) })?;
+            let served = std::mem::take(&mut records);
+            chan.send(&Message::Arrive { step, rows: std::mem::take(&mut last), served })?;
             let task = match chan.recv_within("a task", WAIT)? {
                 Message::Task(t) => t,
                 other => return Err(chan.unexpected(&other, "a task")),
@@ -67,6 +71,12 @@ fn node(port: u16, i: u32, n: u32, stop_at: Option<u32>) -> JoinHandle<Result<Ve
                 let mut r = PairRow::blank(step, round, retest, i, server);
                 (r.gbps, r.p50_us) = (Some(100.0), Some(5.0));
                 last.push(r);
+            }
+            if let Some((step, client)) = serving.take() {
+                records.push(ServedRow { step, client, server: i, counters: Default::default(), error: None });
+            }
+            if let Work::Serve { client, report: true } = task.work {
+                serving = Some((step, client));
             }
             let done = task.work == Work::Done;
             tasks.push(task);
@@ -85,13 +95,18 @@ fn a_fleet_runs_over_sockets_and_every_node_hears_the_end() {
     let nodes: Vec<_> = (0..6).map(|i| node(port, i, 6, None)).collect();
     for (i, h) in nodes.into_iter().enumerate() {
         let tasks = h.join().unwrap().unwrap();
-        assert_eq!(tasks.len(), 2 * plan.steps().len() + 1, "node {i}: a task per step and phase, and the end");
+        assert_eq!(
+            tasks.len(),
+            2 * plan.steps().len() + 2,
+            "node {i}: a task per step and phase, one where the last servers send their records, and the end"
+        );
         assert_eq!(tasks.last().unwrap().work, Work::Done);
     }
     let o = c.join().unwrap().unwrap();
     assert!(o.dead.is_empty(), "{:?}", o.dead);
     assert_eq!(o.rows.len(), 30, "every ordered pair of 6 nodes once");
     assert!(o.rows.iter().all(PairRow::ok));
+    assert_eq!(o.served.len(), 30, "every pair's server sent its record");
 }
 
 #[test]
@@ -155,7 +170,7 @@ fn the_coordinator_sleeps_while_nothing_arrives() {
         .map(|i| {
             let mut chan = Channel::connect("127.0.0.1", port, WAIT, WAIT).unwrap();
             handshake::join(&mut chan, i, n, "fp", Some(&token())).unwrap();
-            chan.send(&Message::Arrive { step: 0, rows: Vec::new() }).unwrap();
+            chan.send(&Message::Arrive { step: 0, rows: Vec::new(), served: Vec::new() }).unwrap();
             chan
         })
         .collect();
