@@ -230,7 +230,10 @@ fn lab_fleet_all_pairs_are_covered_once_per_direction_and_no_node_is_in_two_pair
         for r in &rows {
             let (c, s) = (r["client"].as_u64().unwrap(), r["server"].as_u64().unwrap());
             assert_eq!(r["client_node"], format!("node-{c}").as_str());
-            assert_eq!(r["server_node"], format!("node-{s}").as_str());
+            // A pair that failed before the server's welcome never heard its name.
+            if r["error"].is_null() || r["server_node"] != "" {
+                assert_eq!(r["server_node"], format!("node-{s}").as_str(), "{r}");
+            }
             assert_eq!(r["devices"][0], format!("rxen{c}").as_str(), "each node on its own NIC: {r}");
             assert!(seen.insert((c, s)), "{c} -> {s} twice");
             let step = busy.entry(r["step"].as_u64().unwrap()).or_default();
