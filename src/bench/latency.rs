@@ -14,7 +14,7 @@
 use crate::bench::pattern;
 use crate::bench::soak::Soak;
 use crate::error::{Error, Result};
-use crate::link::wait::{RecvRing, SendWindow, Woke, spin_until};
+use crate::link::wait::{PeerWatch, RecvRing, SendWindow, Woke, spin_until};
 use crate::link::{Link, SizeRun};
 use crate::session::{Channel, Message};
 use crate::signals;
@@ -303,6 +303,8 @@ fn round_trip_client(run: &SizeRun, chan: &mut Channel, mut soak: Option<&mut So
     let mut recorder = LatencyRecorder::new();
     let peer = chan.peer().to_string();
     let limit = Limit::new(spec, clock);
+    // The server is passive: a stopped one's NIC still answers every read and atomic.
+    let mut watch = PeerWatch::new(clock);
     let mut i = 0u64;
     while !limit.done(i, clock) {
         if spec.operation == Operation::Atomic {
@@ -323,6 +325,7 @@ fn round_trip_client(run: &SizeRun, chan: &mut Channel, mut soak: Option<&mut So
         }
         polled?;
         check_completion(&wcs[0], &peer)?;
+        watch.tick(clock, t1, chan, "the run")?;
         let ns = clock.nanos(t0, t1);
         recorder.record(ns);
         if let Some(s) = soak.as_deref_mut() {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::report::{Environment, LatencyResult, RailResult, RunResult, SizeResult, rail_label};
-use crate::session::Channel;
+use crate::session::{Channel, PeerPoll};
 use crate::signals;
 use crate::spec::rails::RailMode;
 use crate::stats::{LatencyRecorder, ThroughputSummary};
@@ -103,13 +103,13 @@ impl Conductor {
 
     /// Waits until rail `i` may start `step`: every live rail has finished the step before
     /// it and, one rail at a time, the rails before `i` have finished this one. While it
-    /// waits, the rail's session stays alive (`chan` heartbeats).
+    /// waits, the rail's peer is watched (its silence ends the wait).
     pub fn wait_turn(&self, i: usize, step: usize, chan: Option<&mut Channel>) -> Result<()> {
         self.wait_for(chan, |s| self.may_start(s, i, step).then_some(()))
     }
 
     /// Waits until `ready` gives a value, or a stop ends every rail; looks at signals and
-    /// keeps `chan`'s session alive while it waits.
+    /// watches `chan`'s peer while it waits.
     fn wait_for<T>(&self, mut chan: Option<&mut Channel>, ready: impl Fn(&State) -> Option<T>) -> Result<T> {
         loop {
             {
@@ -124,7 +124,12 @@ impl Conductor {
             }
             signals::check()?;
             if let Some(c) = chan.as_deref_mut() {
-                c.heartbeat_if_due()?;
+                // The rail's keepalive speaks for it; here the peer's silence is looked at
+                // (a message it sent early is kept for the rail's next read).
+                if let PeerPoll::Message(m) = c.poll_peer("the other rails")? {
+                    c.keep(m);
+                }
+                c.check_alive("the other rails")?;
             }
         }
     }

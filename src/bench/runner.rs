@@ -458,8 +458,8 @@ fn measure_size(
     // Every QP of a rail is on one port: one reading covers them. A warm-up's are not kept.
     let counters_before = (!warmup).then(|| run.link.counters());
     chan.send(&Message::Start { size, warmup })?;
-    // The server answers at once (it only resets its buffers): no heartbeat extends this.
-    match chan.recv_handshake("the server to get ready")? {
+    // The server answers once it has reset its buffers; its keepalive speaks meanwhile.
+    match chan.recv("the server to get ready")? {
         Message::Ready { size: s } if s == size => {}
         other => {
             return Err(chan.unexpected(&other, "ready"));

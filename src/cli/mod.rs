@@ -175,7 +175,7 @@ pub struct ConnectionArgs {
     /// (with `run --serve`, also between steps).
     #[arg(long = "connect-timeout", default_value_t = 60.0, value_name = "SECS")]
     pub connect_timeout: f64,
-    /// Seconds any wait for the peer may last before the peer is declared lost (exit 4).
+    /// Seconds the peer may stay silent (no message, no heartbeat) before it is declared lost (exit 4); a run may last longer.
     #[arg(long = "timeout", default_value_t = 10.0, value_name = "SECS")]
     pub timeout: f64,
     /// Server: the address to listen on (default: every address, IPv6 and IPv4).

@@ -453,7 +453,8 @@ fn watch_peer(chan: &mut Channel, waiting_for: &str) -> Result<()> {
 }
 
 fn expect_endpoint(chan: &mut Channel) -> Result<Endpoint> {
-    match chan.recv_handshake("the peer's endpoint")? {
+    // After the hello: the peer's keepalive extends this wait while it registers memory.
+    match chan.recv("the peer's endpoint")? {
         Message::Endpoint(e) => {
             proto::check_name("the peer's node name", &e.node)?;
             proto::check_name("the peer's device name", &e.device)?;

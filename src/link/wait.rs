@@ -39,6 +39,7 @@ pub fn spin_until(
     // a ping-pong ends before IDLE_CHECK_NS, so the checks below never ran and a SIGTERM
     // went unseen until some wait happened to run long (seconds). One relaxed load a wait.
     signals::check()?;
+    chan.note_wait()?;
     if ready() {
         return Ok(Woke::Ready);
     }
@@ -126,20 +127,66 @@ fn sleep_until(
     }
 }
 
-/// Signals, a message or loss of the peer, and the deadline, for a wait that ran `waited` ns.
+/// Signals, a message or loss of the peer, its silence, and the deadline, for a wait that
+/// ran `waited` ns.
 fn check_peer(chan: &mut Channel, waited: u64, timeout_ns: u64, waiting_for: &str) -> Result<Option<Woke>> {
     signals::check()?;
     if let PeerPoll::Message(m) = chan.poll_peer(waiting_for)? {
         return Ok(Some(Woke::Peer(m)));
     }
+    chan.check_alive(waiting_for)?;
     if waited >= timeout_ns {
-        return Err(Error::Peer(format!(
-            "{} made no progress for {:.1} s while this side waited for {waiting_for} (--timeout); it hung or died",
-            chan.peer(),
-            timeout_ns as f64 / 1e9
-        )));
+        return Err(if chan.quiet() { chan.silence(waiting_for) } else { stalled(chan, timeout_ns, waiting_for) });
     }
     Ok(None)
+}
+
+/// The one wording of an RDMA path that stopped while the peer's process lives (its
+/// keepalive still speaks): one message was awaited for `patience_ns`.
+pub fn stalled(chan: &Channel, patience_ns: u64, waiting_for: &str) -> Error {
+    Error::Peer(format!(
+        "nothing completed for {:.1} s while this side waited for {waiting_for}, though {} is alive (heard {:.1} s \
+         ago): the RDMA path stalled (a QP in error, a packet RC did not recover, or a link down)",
+        patience_ns as f64 / 1e9,
+        chan.peer(),
+        chan.silent_for().as_secs_f64()
+    ))
+}
+
+/// While completions flow, a loop looks at its peer this often (ns): a stopped peer's NIC
+/// still answers RDMA, and only its silence on the control channel tells.
+pub const WATCH_EVERY_NS: u64 = 10_000_000;
+
+/// The peer, looked at every `WATCH_EVERY_NS` by a loop whose waits are all short (they
+/// never reach the checks of [`spin_until`]): one clock comparison a turn.
+pub struct PeerWatch {
+    last: u64,
+}
+
+impl PeerWatch {
+    pub fn new(clock: &Clock) -> PeerWatch {
+        PeerWatch { last: clock.now() }
+    }
+
+    /// `now` is a reading the loop already took.
+    #[inline(always)]
+    pub fn tick(&mut self, clock: &Clock, now: u64, chan: &mut Channel, during: &str) -> Result<()> {
+        if clock.nanos(self.last, now) < WATCH_EVERY_NS {
+            return Ok(());
+        }
+        self.last = now;
+        look(chan, during)
+    }
+}
+
+/// A message the peer sent early is kept for the loop's own read; its silence is an error.
+#[cold]
+fn look(chan: &mut Channel, during: &str) -> Result<()> {
+    signals::check()?;
+    if let PeerPoll::Message(m) = chan.poll_peer(during)? {
+        chan.keep(m);
+    }
+    chan.check_alive(during)
 }
 
 /// Tracks outstanding send work requests with selective signalling: every
@@ -205,7 +252,17 @@ impl SendWindow {
         for wc in &self.wcs[..n] {
             retired += check_completion(wc, peer)?;
         }
-        self.outstanding -= retired as u32;
+        // A completion that retires more than is outstanding belongs to requests this
+        // window never posted (a window started over a queue that was not empty): left to
+        // wrap, the count would say "full" forever and the side would wait for send
+        // completions that never come.
+        self.outstanding = self.outstanding.checked_sub(retired as u32).ok_or_else(|| {
+            Error::Check(format!(
+                "send completions retired {retired} requests where {} were outstanding (against {peer}): \
+                 the queue held requests this window did not post",
+                self.outstanding
+            ))
+        })?;
         Ok(retired)
     }
 

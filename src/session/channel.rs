@@ -5,6 +5,8 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::frame::{self, FrameError};
@@ -14,17 +16,52 @@ use crate::signals;
 
 /// How often blocking waits wake up to look at signals and deadlines.
 const TICK: Duration = Duration::from_millis(50);
-/// A running client tells the server it is alive at least this often.
+/// A side in a session tells its peer it is alive at least this often (more often under a
+/// short `--timeout`: four times within it).
 pub const HEARTBEAT_EVERY: Duration = Duration::from_millis(500);
 
+/// How often a session's keepalive speaks, for `--timeout` `timeout`.
+pub fn heartbeat_every(timeout: Duration) -> Duration {
+    (timeout / 4).clamp(Duration::from_millis(10), HEARTBEAT_EVERY)
+}
+
 pub struct Channel {
+    /// Read by this side's waits; written only through `writer`.
     stream: TcpStream,
+    /// The socket's write side, shared with the keepalive thread: a frame is written
+    /// whole under the lock, so a heartbeat never lands inside another message.
+    writer: Arc<Mutex<TcpStream>>,
     peer: String,
     timeout: Duration,
     rbuf: Vec<u8>,
     /// A message read early (while waiting on something else), returned by the next read.
     kept: Option<Message>,
-    last_sent: Instant,
+    /// When the peer's last frame (a heartbeat included) arrived: its liveness.
+    last_heard: Instant,
+    keepalive: Option<Keepalive>,
+    /// Waits of a hot loop since the channel opened (see `note_wait`).
+    waits: u32,
+}
+
+/// A hot loop reads its channel at least once every this many waits.
+const DRAIN_EVERY: u32 = 1024;
+
+/// A thread that sends a heartbeat every `heartbeat_every(--timeout)` for the whole
+/// session, apart from the data path: the peer hears this side while it posts, waits for
+/// completions, registers a large buffer or writes its results, so `--timeout` bounds how
+/// long a side may be silent, never how long a run may be. Stops when dropped.
+struct Keepalive {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Keepalive {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// A listening control port: one session per client connection (a test with several
@@ -163,13 +200,140 @@ impl Channel {
     }
 
     fn new(stream: TcpStream, peer: String, timeout: Duration) -> Result<Channel> {
+        let socket = |e: std::io::Error| Error::Environment(format!("socket: {e}"));
         let _ = stream.set_nodelay(true);
-        stream.set_write_timeout(Some(timeout)).map_err(|e| Error::Environment(format!("socket: {e}")))?;
-        Ok(Channel { stream, peer, timeout, rbuf: Vec::with_capacity(4096), kept: None, last_sent: Instant::now() })
+        stream.set_write_timeout(Some(timeout)).map_err(socket)?;
+        let writer = Arc::new(Mutex::new(stream.try_clone().map_err(socket)?));
+        Ok(Channel {
+            stream,
+            writer,
+            peer,
+            timeout,
+            rbuf: Vec::with_capacity(4096),
+            kept: None,
+            last_heard: Instant::now(),
+            keepalive: None,
+            waits: 0,
+        })
     }
 
-    /// How the peer is named in messages: its node name once known, and its address.
-    /// The longest wait for the peer (`--timeout`).
+    /// Starts this side's keepalive (once the session is authenticated: a stranger must
+    /// not hold a server with heartbeats); it runs until the channel is dropped.
+    pub fn keep_alive(&mut self) {
+        if self.keepalive.is_some() {
+            return;
+        }
+        let every = heartbeat_every(self.timeout);
+        let beat = frame::encode(&Message::Heartbeat).expect("a heartbeat encodes");
+        let writer = Arc::clone(&self.writer);
+        let (stop, stopped) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new().name("keepalive".into()).spawn(move || {
+            while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
+                let Ok(mut w) = writer.lock() else { return };
+                // A failed write ends the keepalive; this side's own waits report the loss.
+                if w.write_all(&beat).is_err() {
+                    return;
+                }
+            }
+        });
+        // Without a thread (none to spare) the session runs as before: the peer's waits
+        // still end at --timeout.
+        if let Ok(thread) = thread {
+            self.keepalive = Some(Keepalive { stop: Some(stop), thread: Some(thread) });
+        }
+    }
+
+    /// Counts one wait of a hot loop; every `DRAIN_EVERY` waits, reads what the peer sent
+    /// (a message is kept for the next read). Loops whose waits are all short never reach
+    /// the waits' own looks at the channel, and the peer's heartbeats would pile up until
+    /// its keepalive could not write. One add and one compare a wait.
+    #[inline(always)]
+    pub fn note_wait(&mut self) -> Result<()> {
+        self.waits = self.waits.wrapping_add(1);
+        if self.waits.is_multiple_of(DRAIN_EVERY) {
+            self.drain()?;
+        }
+        Ok(())
+    }
+
+    #[cold]
+    fn drain(&mut self) -> Result<()> {
+        if let PeerPoll::Message(m) = self.poll_peer("the run")? {
+            self.keep(m);
+        }
+        Ok(())
+    }
+
+    /// How long the peer has sent nothing (not even a heartbeat).
+    pub fn silent_for(&self) -> Duration {
+        self.last_heard.elapsed()
+    }
+
+    /// Err when the peer has been silent for `--timeout` while this side waited for
+    /// `waiting_for`.
+    pub fn check_alive(&self, waiting_for: &str) -> Result<()> {
+        let silent = self.silent_for();
+        if silent < self.timeout {
+            return Ok(());
+        }
+        Err(self.silent(waiting_for, silent))
+    }
+
+    /// Whether the peer has missed two heartbeats: a wait that ran out while the peer is
+    /// quiet is its silence, not a stalled RDMA path.
+    pub fn quiet(&self) -> bool {
+        self.silent_for() >= 2 * heartbeat_every(self.timeout)
+    }
+
+    /// The peer's silence so far, worded as [`Channel::check_alive`] words it.
+    pub fn silence(&self, waiting_for: &str) -> Error {
+        self.silent(waiting_for, self.silent_for())
+    }
+
+    /// The one wording of a silent peer: whether its host still acknowledges this side's
+    /// messages (TCP, which the kernel answers even for a stopped process) tells a stopped
+    /// or hung process from a host that is down or a network that is cut.
+    fn silent(&self, waiting_for: &str, silent: Duration) -> Error {
+        // Only while this side's keepalive speaks does the peer's host have something to
+        // acknowledge; a host that answered within half the silence is up.
+        let acked = self.keepalive.as_ref().and_then(|_| self.last_ack_age());
+        let why = match acked {
+            Some(ack) if ack < silent / 2 => format!(
+                "its host still acknowledges this side's messages (TCP, {:.1} s ago), so its process is stopped or hung",
+                ack.as_secs_f64()
+            ),
+            Some(ack) => format!(
+                "its host has acknowledged nothing for {:.1} s either: the host is down or the network to it is cut",
+                ack.as_secs_f64()
+            ),
+            None => "it hung or died".to_string(),
+        };
+        Error::Peer(format!(
+            "{} sent nothing, not even a heartbeat, for {:.1} s while this side waited for {waiting_for} (--timeout); \
+             {why}",
+            self.peer,
+            silent.as_secs_f64()
+        ))
+    }
+
+    /// How long ago the peer's host last acknowledged anything on this connection.
+    fn last_ack_age(&self) -> Option<Duration> {
+        // SAFETY: tcp_info is plain data; getsockopt writes at most `len` bytes into it.
+        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        let rc = unsafe {
+            libc::getsockopt(
+                self.stream.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                (&mut info as *mut libc::tcp_info).cast(),
+                &mut len,
+            )
+        };
+        (rc == 0).then(|| Duration::from_millis(info.tcpi_last_ack_recv.into()))
+    }
+
+    /// The longest the peer may stay silent (`--timeout`).
     pub fn timeout(&self) -> Duration {
         self.timeout
     }
@@ -180,6 +344,7 @@ impl Channel {
         Error::Peer(format!("{} sent {} instead of {wanted}", self.peer(), got.kind()))
     }
 
+    /// How the peer is named in messages: its node name once known, and its address.
     pub fn peer(&self) -> &str {
         &self.peer
     }
@@ -197,19 +362,9 @@ impl Channel {
 
     pub fn send(&mut self, msg: &Message) -> Result<()> {
         let bytes = frame::encode(msg).map_err(|e| Error::Check(format!("cannot encode {}: {e}", msg.kind())))?;
-        self.stream.write_all(&bytes).map_err(|e| {
-            Error::Peer(format!("lost the connection to {} while sending {}: {e}", self.peer, msg.kind()))
-        })?;
-        self.last_sent = Instant::now();
-        Ok(())
-    }
-
-    /// Sends a heartbeat when one is due; cheap to call from a measurement loop.
-    pub fn heartbeat_if_due(&mut self) -> Result<()> {
-        if self.last_sent.elapsed() >= HEARTBEAT_EVERY {
-            self.send(&Message::Heartbeat)?;
-        }
-        Ok(())
+        let mut w = self.writer.lock().map_err(|_| Error::Check("the keepalive thread panicked".into()))?;
+        w.write_all(&bytes)
+            .map_err(|e| Error::Peer(format!("lost the connection to {} while sending {}: {e}", self.peer, msg.kind())))
     }
 
     /// Tells the peer why this side is giving up. Best effort: the peer may be gone.
@@ -226,9 +381,9 @@ impl Channel {
         self.recv_until(waiting_for, wait, true)
     }
 
-    /// A message of the handshake (greeting, hello, welcome, endpoints): heartbeats do not
+    /// A message of the handshake (greeting, hello, welcome, finish): heartbeats do not
     /// extend the wait, so a connection that sends only heartbeats cannot hold a server past
-    /// the session timeout; they extend only the waits inside a running measurement.
+    /// the session timeout; they extend only the waits of a session, once it is on.
     pub fn recv_handshake(&mut self, waiting_for: &str) -> Result<Message> {
         self.recv_until(waiting_for, self.timeout, false)
     }
@@ -253,11 +408,7 @@ impl Channel {
             signals::check()?;
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(Error::Peer(format!(
-                    "{} sent nothing for {:.1} s while this side waited for {waiting_for} (--timeout); it hung or died",
-                    self.peer,
-                    wait.as_secs_f64()
-                )));
+                return Err(self.silent(waiting_for, wait));
             }
             self.stream
                 .set_read_timeout(Some(left.min(TICK)))
@@ -322,6 +473,7 @@ impl Channel {
         match frame::decode::<Message>(&self.rbuf) {
             Ok(Some((msg, used))) => {
                 self.rbuf.drain(..used);
+                self.last_heard = Instant::now();
                 Ok(Some(msg))
             }
             Ok(None) => Ok(None),
@@ -375,6 +527,66 @@ mod tests {
         assert!(t.elapsed() < Duration::from_millis(1500), "ended at the timeout: {:?}", t.elapsed());
         drop(c);
         beats.join().unwrap();
+    }
+
+    /// Two ends of one session over loopback.
+    fn channels(timeout: Duration) -> (Channel, Channel) {
+        let l = Listener::bind(Some("127.0.0.1".parse().unwrap()), 0).unwrap();
+        let c = Channel::connect("127.0.0.1", l.port(), Duration::from_secs(2), timeout).unwrap();
+        let s = l.accept(Duration::from_secs(2), timeout).unwrap();
+        (c, s)
+    }
+
+    #[test]
+    fn a_busy_side_is_heard_through_its_keepalive_and_a_silent_one_is_named() {
+        let (mut busy, mut waiting) = channels(Duration::from_millis(400));
+        busy.keep_alive();
+        waiting.keep_alive();
+        // `busy` never reads nor sends by itself (a long registration, a sparse run) for
+        // three timeouts: its keepalive speaks for it.
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(1200) {
+            assert!(matches!(waiting.poll_peer("the run").unwrap(), PeerPoll::Quiet));
+            waiting.check_alive("the run").unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Its keepalive stops while its host still acknowledges, as a stopped process's.
+        busy.keepalive = None;
+        let t = Instant::now();
+        let e = loop {
+            let _ = waiting.poll_peer("the run").unwrap();
+            if let Err(e) = waiting.check_alive("the run") {
+                break e;
+            }
+            assert!(t.elapsed() < Duration::from_secs(2), "never named");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(t.elapsed() < Duration::from_millis(700), "within the timeout: {:?}", t.elapsed());
+        assert_eq!(e.exit_code(), 4);
+        let m = e.to_string();
+        assert!(m.contains("not even a heartbeat") && m.contains("so its process is stopped or hung"), "{m}");
+        drop(busy);
+    }
+
+    #[test]
+    fn heartbeats_never_land_inside_a_message() {
+        // A heartbeat every 25 ms while 50 messages of 200 kB are written.
+        let (mut a, mut b) = channels(Duration::from_millis(100));
+        a.keep_alive();
+        let sender = std::thread::spawn(move || {
+            for code in 0..50 {
+                a.send(&Message::Refuse { code, message: "x".repeat(200_000) }).unwrap();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            a
+        });
+        for i in 0..50 {
+            match b.recv_within("a large message", Duration::from_secs(10)).unwrap() {
+                Message::Refuse { code, message } => assert_eq!((code, message.len()), (i, 200_000)),
+                other => panic!("{other:?}"),
+            }
+        }
+        drop(sender.join().unwrap());
     }
 
     fn pair(timeout: Duration) -> (Channel, TcpStream) {

@@ -56,6 +56,8 @@ pub fn open(
     };
     proto::check_welcome(welcome)?;
     chan.name_peer(&node);
+    // The session is on: from here each side hears the other's keepalive.
+    chan.keep_alive();
     Ok(devices)
 }
 
@@ -154,5 +156,7 @@ pub fn answer<T>(
         node: this_host(),
         devices: devices.to_vec(),
     })?;
+    // The session is on: from here each side hears the other's keepalive.
+    chan.keep_alive();
     Ok(accepted)
 }

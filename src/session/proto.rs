@@ -25,7 +25,9 @@ use crate::verbs::endpoint::Endpoint;
 /// token's proof (`session::auth`).
 /// v4: a fleet's coordinator hands each node its `Task` (was: `Go` with the dead nodes).
 /// v5: a fleet node's arrival carries what it saw of the pair it served.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// v6: both sides of a session send heartbeats from a keepalive thread for its whole
+/// length, and judge the other dead by its silence.
+pub const PROTOCOL_VERSION: u32 = 6;
 pub const MAGIC: &str = "rdmabench";
 
 /// One session per rail: rail `index` of the client's `devices`, paired with the server's

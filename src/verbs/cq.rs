@@ -103,7 +103,8 @@ pub fn check_completion(wc: &Completion, peer: &str) -> Result<u64> {
         ibv_wc_status::IBV_WC_RETRY_EXC_ERR
         | ibv_wc_status::IBV_WC_RNR_RETRY_EXC_ERR
         | ibv_wc_status::IBV_WC_WR_FLUSH_ERR => Err(Error::Peer(format!(
-            "{peer} stopped responding on the RDMA path: completion status {text} ({}); it died, hung or its QP is gone",
+            "{peer} stopped responding on the RDMA path: completion status {text} ({}); the link is down, or its \
+             QP or host is gone",
             wc.status
         ))),
         _ => Err(Error::Check(format!(

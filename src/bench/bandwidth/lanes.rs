@@ -325,6 +325,11 @@ impl<'a> LaneSet<'a> {
         self.senders.iter().map(|s| s.completed).sum()
     }
 
+    /// Messages that have arrived on every lane so far.
+    pub(super) fn received(&self) -> u64 {
+        self.receivers.iter().map(|r| r.received).sum()
+    }
+
     pub(super) fn sent_per_qp(&self) -> Vec<u64> {
         self.senders.iter().map(|s| s.completed).collect()
     }

@@ -10,10 +10,11 @@
 use crate::bench::pattern;
 use crate::bench::soak::Soak;
 use crate::error::{Error, Result};
+use crate::link::wait;
 use crate::link::{Link, SizeRun};
 use crate::session::{Channel, Message, PeerPoll};
 use crate::signals;
-use crate::spec::Operation;
+use crate::spec::{Operation, TestSpec};
 use crate::stats::ThroughputSummary;
 
 mod lanes;
@@ -71,7 +72,7 @@ fn drive(
     let mut peer_per_qp: Option<Vec<u64>> = None;
     let mut announced = !announce;
     let mut idle = 0u32;
-    let mut last_progress = start;
+    let (mut last_progress, mut last_check) = (start, start);
     loop {
         let progress = lanes.step(&peer)?;
         let mine_finished = lanes.sending_finished();
@@ -84,32 +85,34 @@ fn drive(
         if mine_finished && announced && theirs_done {
             break;
         }
-        if progress > 0 {
+        let checked_due = if progress > 0 {
             // A poll that reaped completions (a batch of --cq-mod messages): cheap enough
-            // to look at the heartbeat's clock each time. Counting polls instead let a slow
-            // run (64 KiB with --validate-data in the lab: ten batches in 2 s) go silent
-            // past a short --timeout on the server.
+            // to read the clock each time. The peer is looked at every WATCH_EVERY_NS even
+            // while completions flow: a stopped peer's NIC still answers RDMA, and only
+            // its silence on the control channel tells.
             last_progress = clock.now();
             if let Some(s) = soak.as_deref_mut() {
                 s.progress(lanes.completed(), clock.nanos(start, last_progress));
             }
-            chan.heartbeat_if_due()?;
-            continue;
-        }
-        idle += 1;
-        if lanes.idle_wait()? {
-            idle = IDLE_POLLS_PER_CHECK;
-        }
-        if idle.is_multiple_of(IDLE_POLLS_PER_CHECK) {
+            clock.nanos(last_check, last_progress) >= wait::WATCH_EVERY_NS
+        } else {
+            idle += 1;
+            if lanes.idle_wait()? {
+                idle = IDLE_POLLS_PER_CHECK;
+            }
+            idle.is_multiple_of(IDLE_POLLS_PER_CHECK)
+        };
+        if checked_due {
+            last_check = clock.now();
             signals::check()?;
-            chan.heartbeat_if_due()?;
             if let Some(per) = peer_done(chan, peer_sends, size, runs.len())? {
                 peer_per_qp = Some(per);
                 last_progress = clock.now();
             }
-            if clock.nanos(last_progress, clock.now()) >= timeout_ns {
-                return Err(stalled(&peer, timeout_ns));
-            }
+            let now = clock.now();
+            let moved = (lanes.completed() + lanes.received()) * size;
+            let patience = patience_ns(runs[0].spec, size, runs.len(), moved, clock.nanos(start, now), timeout_ns);
+            check_progress(chan, clock.nanos(last_progress, now), patience)?;
         }
     }
     let outcome = lanes.finish(&peer)?;
@@ -136,11 +139,33 @@ fn peer_done(chan: &mut Channel, peer_sends: bool, size: u64, qps: usize) -> Res
     }
 }
 
-fn stalled(peer: &str, timeout_ns: u64) -> Error {
-    Error::Peer(format!(
-        "nothing moved for {:.1} s (--timeout): {peer} hung or died, or the link stalled",
-        timeout_ns as f64 / 1e9
-    ))
+/// The slowest rate a run is assumed to move at before its first completion tells the
+/// real one: 100 Mb/s, below any link worth measuring.
+const FLOOR_BYTES_PER_SEC: f64 = 12.5e6;
+
+/// How long a bandwidth run may go without a completion before its RDMA path counts as
+/// stalled: `--timeout`, or longer where the volume in flight needs it. A run's window
+/// (`qps` x its depth x `size`) may complete only as a whole, as when many QPs share a
+/// link: at the rate measured so far (`moved` bytes in `elapsed_ns`; the floor before any)
+/// it needs `window / rate`, and four times that is allowed. So `-q 50 -s 4M` on a slow
+/// link waits for its sparse completions, while a path that stopped is caught.
+pub fn patience_ns(spec: &TestSpec, size: u64, qps: usize, moved: u64, elapsed_ns: u64, timeout_ns: u64) -> u64 {
+    let depth = u64::from(spec.tx_depth).min(spec.iterations.max(1));
+    let window = (qps as u64).saturating_mul(depth).saturating_mul(size) as f64;
+    let rate = if moved > 0 && elapsed_ns > 0 { moved as f64 * 1e9 / elapsed_ns as f64 } else { FLOOR_BYTES_PER_SEC };
+    let needed = 4.0 * window / rate.max(FLOOR_BYTES_PER_SEC) * 1e9;
+    timeout_ns.max(needed.min(u64::MAX as f64) as u64)
+}
+
+/// Err when nothing has moved for `patience_ns`: the peer's silence if it has gone quiet
+/// too, a stalled RDMA path if it lives. The peer's silence alone is an error at once.
+fn check_progress(chan: &Channel, quiet_ns: u64, patience_ns: u64) -> Result<()> {
+    let what = "the bandwidth run's completions";
+    chan.check_alive(what)?;
+    if quiet_ns >= patience_ns {
+        return Err(if chan.quiet() { chan.silence(what) } else { wait::stalled(chan, patience_ns, what) });
+    }
+    Ok(())
 }
 
 /// The peer's per-QP counts, checked: one per QP adding up to its total without
@@ -236,4 +261,33 @@ pub fn landed_data_error(runs: &[SizeRun], peer_per_qp: &[u64]) -> Option<String
                 .flatten()
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::Measure;
+
+    const S: u64 = 1_000_000_000;
+
+    fn spec(iterations: u64) -> TestSpec {
+        let mut s = TestSpec::new(Operation::Write, Measure::Bandwidth);
+        s.iterations = iterations;
+        s
+    }
+
+    #[test]
+    fn a_small_window_waits_the_timeout_and_a_large_one_what_its_volume_needs() {
+        // 64 KiB x 128 on 1 QP: 8 MiB, 0.7 s at the floor (four times 2.7 s): --timeout rules.
+        assert_eq!(patience_ns(&spec(5000), 65536, 1, 0, 0, 5 * S), 5 * S);
+        // The run: 50 QPs x 10 x 4 MiB = 2000 MiB in flight. Before any completion,
+        // at the 100 Mb/s floor: four times 168 s.
+        let before = patience_ns(&spec(10), 4 << 20, 50, 0, 0, 5 * S);
+        assert!((670 * S..675 * S).contains(&before), "{before}");
+        // Once 200 MiB moved in 3 s (70 MB/s): four times 30 s.
+        let measured = patience_ns(&spec(10), 4 << 20, 50, 200 << 20, 3 * S, 5 * S);
+        assert!((119 * S..121 * S).contains(&measured), "{measured}");
+        // A fast link's own rate shortens it, down to --timeout: 12.5 GB/s.
+        assert_eq!(patience_ns(&spec(10), 4 << 20, 50, 25_000_000_000, 2 * S, 5 * S), 5 * S);
+    }
 }

@@ -62,8 +62,9 @@ pub(super) fn drive(
                         if shared.abort.load(Ordering::Relaxed) {
                             return Err(Error::Peer("stopped: another thread or the control channel failed".into()));
                         }
-                        if set.step(&peer)? > 0 {
-                            shared.progress.fetch_add(1, Ordering::Relaxed);
+                        let moved = set.step(&peer)?;
+                        if moved > 0 {
+                            shared.progress.fetch_add(moved, Ordering::Relaxed);
                         }
                         if !reported && set.sending_finished() {
                             shared.sent_per_qp.lock().expect("no poisoning")[t] = Some(set.sent_per_qp());
@@ -82,7 +83,8 @@ pub(super) fn drive(
                 })
             })
             .collect();
-        let coordinated = coordinate(chan, &shared, n, announce, peer_sends, size, runs.len(), &groups, timeout_ns);
+        let coordinated =
+            coordinate(chan, &shared, n, announce, peer_sends, (spec, size), runs.len(), &groups, timeout_ns);
         if coordinated.is_err() {
             shared.abort.store(true, Ordering::Relaxed);
         }
@@ -130,8 +132,9 @@ pub(super) fn drive(
     })
 }
 
-/// The coordinator: heartbeats, the peer's `Done`, our own `Done` once every worker's
-/// sends completed, signals and the deadline. Returns when the workers are done.
+/// The coordinator: the peer's `Done`, our own `Done` once every worker's sends
+/// completed, signals, the peer's silence and the deadline. Returns when the workers are
+/// done.
 #[allow(clippy::too_many_arguments)]
 fn coordinate(
     chan: &mut Channel,
@@ -139,19 +142,18 @@ fn coordinate(
     threads: usize,
     announce: bool,
     peer_sends: bool,
-    size: u64,
+    (spec, size): (&TestSpec, u64),
     qps: usize,
     groups: &[Vec<usize>],
     timeout_ns: u64,
 ) -> Result<()> {
     let mut announced = !announce;
     let mut seen = shared.progress.load(Ordering::Relaxed);
-    let mut quiet_since = std::time::Instant::now();
-    let timeout = Duration::from_nanos(timeout_ns);
+    let start = std::time::Instant::now();
+    let mut quiet_since = start;
     loop {
         std::thread::sleep(Duration::from_millis(1));
         signals::check()?;
-        chan.heartbeat_if_due()?;
         let sent = shared.sent.load(Ordering::Acquire);
         if !announced && sent == threads {
             let mut per_qp = vec![0; qps];
@@ -163,12 +165,14 @@ fn coordinate(
             chan.send(&Message::Done { size, iterations: per_qp.iter().sum(), per_qp })?;
             announced = true;
         }
-        if peer_sends
-            && shared.peer_per_qp.get().is_none()
-            && let Some(per) = peer_done(chan, peer_sends, size, qps)?
-        {
-            let _ = shared.peer_per_qp.set(per);
-            quiet_since = std::time::Instant::now();
+        // The channel is read on every turn: the peer's heartbeats are its liveness.
+        if shared.peer_per_qp.get().is_none() {
+            if let Some(per) = peer_done(chan, peer_sends, size, qps)? {
+                let _ = shared.peer_per_qp.set(per);
+                quiet_since = std::time::Instant::now();
+            }
+        } else {
+            peer_done(chan, false, size, qps)?;
         }
         let now = shared.progress.load(Ordering::Relaxed);
         if now != seen {
@@ -179,8 +183,8 @@ fn coordinate(
         if announced && workers_done {
             return Ok(());
         }
-        if quiet_since.elapsed() >= timeout {
-            return Err(stalled(chan.peer(), timeout_ns));
-        }
+        let elapsed = start.elapsed().as_nanos() as u64;
+        let patience = patience_ns(spec, size, qps, now * size, elapsed, timeout_ns);
+        check_progress(chan, quiet_since.elapsed().as_nanos() as u64, patience)?;
     }
 }
