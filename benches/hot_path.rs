@@ -7,8 +7,11 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use rdmabench::link::wait::PeerWatch;
 use rdmabench::ring::core::{Arrival, ConsumerCore, ProducerCore, RingMem};
+use rdmabench::session::{Channel, Listener};
 use rdmabench::stats::{Clock, LatencyRecorder, PeakMeter};
+use std::time::Duration;
 
 fn sampling(c: &mut Criterion) {
     let clock = Clock::new();
@@ -36,6 +39,24 @@ fn sampling(c: &mut Criterion) {
         })
     });
 
+    // The same with what a session's loop adds per sample to watch its peer (issue: a
+    // long run is not a lost peer): the wait count that drains the control channel every
+    // 1024 waits, and the 10 ms look at the peer, both on a live loopback session.
+    let listener = Listener::bind(Some("127.0.0.1".parse().unwrap()), 0).unwrap();
+    let long = Duration::from_secs(3600);
+    let mut chan = Channel::connect("127.0.0.1", listener.port(), long, long).unwrap();
+    let _peer = listener.accept(long, long).unwrap();
+    let mut watch = PeerWatch::new(&clock);
+    let mut rec = LatencyRecorder::new();
+    c.bench_function("latency_sample_watched", |b| {
+        b.iter(|| {
+            let a = clock.now();
+            chan.note_wait().unwrap();
+            let z = clock.now();
+            rec.record(clock.nanos(a, z));
+            watch.tick(&clock, z, &mut chan, "the run").unwrap();
+        })
+    });
     let mut meter = PeakMeter::new(1000);
     let (mut t, mut n) = (0u64, 0u64);
     c.bench_function("peak_meter_observe", |b| {
