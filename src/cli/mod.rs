@@ -95,7 +95,7 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Generated documentation: the man page, and the README's flag table.
+    /// Generated documentation: the man page, and the guide's flag table.
     #[command(hide = true)]
     Docs {
         #[command(subcommand)]
@@ -107,7 +107,7 @@ pub enum Command {
 pub enum DocsCommand {
     /// Print the man page (roff): `rdmabench docs man > rdmabench.1`.
     Man,
-    /// Rewrite the flag table between the markers of FILE (the README).
+    /// Rewrite the flag table between the markers of FILE (docs/guide.md).
     Readme { file: PathBuf },
 }
 
@@ -726,7 +726,7 @@ pub struct SummarizeArgs {
     pub out: Option<PathBuf>,
 }
 
-/// The kinds of fleet `summarize --fleet` and `k8s render --fleet` know.
+/// The kinds of fleet `summarize --fleet` knows (`k8s render` renders ring and pairs fleets with `--topology`; an all-pairs Job is not rendered yet).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum FleetKind {
     AllPairs,

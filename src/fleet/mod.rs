@@ -4,9 +4,9 @@
 //! the one authority for what each node does next (a state machine, with retests after
 //! the plan) and `coordinator` runs it over sockets on node 0, `rows` indexes the pairs'
 //! rows and completes them, `attribution` fits the pairs' figures to nodes and links,
-//! `output` writes the matrices, verdict, heat map and summary. The
-//! Kubernetes Jobs (`k8s render --fleet all-pairs`) run one node per pod; the lab runs
-//! one per simulated node on a bridge.
+//! `output` writes the matrices, verdict, heat map and summary. On Kubernetes one pod
+//! per node runs `rdmabench fleet` (`k8s render` does not render its Job yet); the lab
+//! runs one per simulated node on a bridge.
 
 pub mod attribution;
 pub mod barrier;
