@@ -305,3 +305,35 @@ fn every_document_the_readme_links_to_exists_and_has_contents() {
     }
     assert!(readme.len() < 16_000, "the README is {} bytes: keep it short, move the rest to docs/", readme.len());
 }
+
+#[test]
+fn every_visible_command_and_flag_is_documented() {
+    fn walk(c: &clap::Command, path: &str, out: &mut Vec<(String, String)>) {
+        for a in c.get_arguments().filter(|a| !a.is_hide_set()) {
+            if let Some(l) = a.get_long().filter(|l| !matches!(*l, "help" | "version")) {
+                out.push((path.to_string(), format!("--{l}")));
+            }
+        }
+        for s in c.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help") {
+            let p = format!("{path} {}", s.get_name());
+            out.push((p.clone(), String::new()));
+            walk(s, &p, out);
+        }
+    }
+    let mut all = Vec::new();
+    walk(&Cli::command(), "rdmabench", &mut all);
+    let text: String = documents().into_iter().map(|(_, t)| t).collect::<Vec<_>>().join("\n");
+    let named = |word: &str| {
+        text.match_indices(word).any(|(i, _)| {
+            let next = text[i + word.len()..].chars().next();
+            !next.is_some_and(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        })
+    };
+    let missing: Vec<String> = all
+        .iter()
+        .filter(|(cmd, flag)| if flag.is_empty() { !named(cmd.rsplit(' ').next().unwrap()) } else { !named(flag) })
+        .map(|(cmd, flag)| format!("{cmd} {flag}"))
+        .collect();
+    assert!(all.len() > 100, "{}", all.len());
+    assert!(missing.is_empty(), "in the CLI but in no document:\n{}", missing.join("\n"));
+}

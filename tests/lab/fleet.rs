@@ -23,18 +23,24 @@ fn node_addr(k: u32) -> String {
 /// out (`node_min_z = -50`): five nodes that happen to agree closely put the spread near
 /// its floor, and one at 0.934x was named bad at z -9.6 in a flaky-pair run.
 fn fleet_workload(dir: &tempfile::TempDir, measure: &str, thresholds: &str) -> String {
-    let thresholds = if thresholds.contains("latency_max_ratio") {
-        thresholds.to_string()
-    } else {
-        format!("latency_max_ratio = 4.0\n{thresholds}")
-    };
+    // The lab's defaults, each unless `thresholds` sets it.
+    let defaults = [
+        ("latency_max_ratio", "4.0"),
+        ("node_min_ratio", "0.6"),
+        ("link_min_ratio", "0.6"),
+        ("node_min_z", "-50.0"),
+        ("link_min_z", "-3.0"),
+    ];
+    let set = |key: &str| thresholds.lines().any(|l| l.split('=').next().is_some_and(|k| k.trim() == key));
+    let mut all: Vec<String> = defaults.iter().filter(|(k, _)| !set(k)).map(|(k, v)| format!("{k} = {v}")).collect();
+    all.push(thresholds.to_string());
     let path = json_file(dir, "fleet.toml");
     std::fs::write(
         &path,
         format!(
             "name = \"lab-fleet\"\n[measure]\nbw_size = 65536\nbw_qps = 2\nbw_iterations = 300\nlat_size = 2\n\
-             lat_iterations = 300\nwarmup = 20\nrepeats = 3\n{measure}\n[thresholds]\nnode_min_ratio = 0.6\n\
-             link_min_ratio = 0.6\nnode_min_z = -50.0\nlink_min_z = -3.0\n{thresholds}\n"
+             lat_iterations = 300\nwarmup = 20\nrepeats = 3\n{measure}\n[thresholds]\n{}\n",
+            all.join("\n")
         ),
     )
     .unwrap();
@@ -205,7 +211,14 @@ fn lab_fleet_00_six_nodes_on_one_switch() {
 #[test]
 fn lab_fleet_all_pairs_are_covered_once_per_direction_and_no_node_is_in_two_pairs_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let workload = fleet_workload(&dir, "", "max_flaky_pairs = 3\nlatency_max_ratio = 1000.0");
+    // Pairs at once share the guest's two vCPUs: one pair's three bandwidth repeats measured
+    // 0.21 to 0.52 Gb/s, and a healthy node came out at 0.56x the typical one. So this test,
+    // which proves coverage, bars only what emulation cannot do: a node or link under 0.3x.
+    let workload = fleet_workload(
+        &dir,
+        "",
+        "max_flaky_pairs = 3\nlatency_max_ratio = 1000.0\nnode_min_ratio = 0.3\nlink_min_ratio = 0.3",
+    );
     for (n, extra) in [(5u32, vec!["--directions", "both"]), (6, vec!["--max-pairs-per-round", "2"])] {
         let base = fleet_ports(n);
         let t = Instant::now();
