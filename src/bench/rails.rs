@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::report::{Environment, LatencyResult, RailResult, RunResult, SizeResult, rail_label};
-use crate::session::{Channel, PeerPoll};
+use crate::session::Channel;
 use crate::signals;
 use crate::spec::rails::RailMode;
 use crate::stats::{LatencyRecorder, ThroughputSummary};
@@ -126,10 +126,7 @@ impl Conductor {
             if let Some(c) = chan.as_deref_mut() {
                 // The rail's keepalive speaks for it; here the peer's silence is looked at
                 // (a message it sent early is kept for the rail's next read).
-                if let PeerPoll::Message(m) = c.poll_peer("the other rails")? {
-                    c.keep(m);
-                }
-                c.check_alive("the other rails")?;
+                c.watch("the other rails")?;
             }
         }
     }

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 use crate::report::{Environment, MemoryReport, PeerEnvironment};
-use crate::session::{Channel, Message, PeerPoll, proto};
+use crate::session::{Channel, Message, proto};
 use crate::spec::ring::{self, Notify};
 use crate::spec::{Fabric, Measure, Operation, TestSpec, check_against_device};
 use crate::stats::Clock;
@@ -299,7 +299,7 @@ impl Prepared {
             let timeout = chan.timeout();
             let cm = match (&listener, role) {
                 (Some(l), _) => {
-                    let mut wait = cm::CmWait { timeout, watch: &mut |w: &str| watch_peer(chan, w) };
+                    let mut wait = cm::CmWait { timeout, watch: &mut |w: &str| chan.keep_early(w) };
                     Some(l.accept(&rdma, &qp, remote.qpn, rd_atomic, spec.mtu, &mut wait)?)
                 }
                 (None, Role::Client) if spec.rdma_cm => {
@@ -308,7 +308,7 @@ impl Prepared {
                         .as_deref()
                         .ok_or_else(|| Error::Peer(format!("{} offered no rdma_cm address for -R", chan.peer())))?;
                     let dst = cm::target(announced, &rdma)?;
-                    let mut wait = cm::CmWait { timeout, watch: &mut |w: &str| watch_peer(chan, w) };
+                    let mut wait = cm::CmWait { timeout, watch: &mut |w: &str| chan.keep_early(w) };
                     Some(cm::connect(&rdma, &qp, dst, rd_atomic, spec.mtu, &mut wait)?)
                 }
                 _ => {
@@ -441,15 +441,6 @@ fn nic_identity(rdma: &Rdma) -> NicIdentity {
         pci,
         numa_node,
     }
-}
-
-/// An rdma_cm step's look at the peer, every tick: a message that came early (the peer
-/// went on ahead) is kept for later; a peer that aborted or went ends the wait.
-fn watch_peer(chan: &mut Channel, waiting_for: &str) -> Result<()> {
-    if let PeerPoll::Message(m) = chan.poll_peer(waiting_for)? {
-        chan.keep(m);
-    }
-    Ok(())
 }
 
 fn expect_endpoint(chan: &mut Channel) -> Result<Endpoint> {

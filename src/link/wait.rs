@@ -134,16 +134,24 @@ fn check_peer(chan: &mut Channel, waited: u64, timeout_ns: u64, waiting_for: &st
     if let PeerPoll::Message(m) = chan.poll_peer(waiting_for)? {
         return Ok(Some(Woke::Peer(m)));
     }
-    chan.check_alive(waiting_for)?;
-    if waited >= timeout_ns {
-        return Err(if chan.quiet() { chan.silence(waiting_for) } else { stalled(chan, timeout_ns, waiting_for) });
-    }
+    check_waited(chan, waited, timeout_ns, waiting_for)?;
     Ok(None)
+}
+
+/// The one verdict on a wait that ran `waited_ns` with the channel just read: the peer's
+/// silence is an error at once; a wait past `patience_ns` is the peer's silence if it has
+/// missed heartbeats too, else a stalled RDMA path.
+pub fn check_waited(chan: &Channel, waited_ns: u64, patience_ns: u64, waiting_for: &str) -> Result<()> {
+    chan.check_alive(waiting_for)?;
+    if waited_ns >= patience_ns {
+        return Err(if chan.quiet() { chan.silence(waiting_for) } else { stalled(chan, patience_ns, waiting_for) });
+    }
+    Ok(())
 }
 
 /// The one wording of an RDMA path that stopped while the peer's process lives (its
 /// keepalive still speaks): one message was awaited for `patience_ns`.
-pub fn stalled(chan: &Channel, patience_ns: u64, waiting_for: &str) -> Error {
+fn stalled(chan: &Channel, patience_ns: u64, waiting_for: &str) -> Error {
     Error::Peer(format!(
         "nothing completed for {:.1} s while this side waited for {waiting_for}, though {} is alive (heard {:.1} s \
          ago): the RDMA path stalled (a QP in error, a packet RC did not recover, or a link down)",
@@ -175,18 +183,9 @@ impl PeerWatch {
             return Ok(());
         }
         self.last = now;
-        look(chan, during)
+        signals::check()?;
+        chan.watch(during)
     }
-}
-
-/// A message the peer sent early is kept for the loop's own read; its silence is an error.
-#[cold]
-fn look(chan: &mut Channel, during: &str) -> Result<()> {
-    signals::check()?;
-    if let PeerPoll::Message(m) = chan.poll_peer(during)? {
-        chan.keep(m);
-    }
-    chan.check_alive(during)
 }
 
 /// Tracks outstanding send work requests with selective signalling: every

@@ -251,17 +251,28 @@ impl Channel {
     pub fn note_wait(&mut self) -> Result<()> {
         self.waits = self.waits.wrapping_add(1);
         if self.waits.is_multiple_of(DRAIN_EVERY) {
-            self.drain()?;
+            self.keep_early("the run")?;
         }
         Ok(())
     }
 
+    /// Reads what the peer has sent: heartbeats (its liveness), and a message that came
+    /// early (the peer went on ahead), kept for the next read; a peer that aborted or
+    /// went is an error.
     #[cold]
-    fn drain(&mut self) -> Result<()> {
-        if let PeerPoll::Message(m) = self.poll_peer("the run")? {
+    pub fn keep_early(&mut self, during: &str) -> Result<()> {
+        if let PeerPoll::Message(m) = self.poll_peer(during)? {
             self.keep(m);
         }
         Ok(())
+    }
+
+    /// [`Channel::keep_early`], then the peer's silence is an error: a look at the peer
+    /// from a wait that does not read the channel otherwise.
+    #[cold]
+    pub fn watch(&mut self, during: &str) -> Result<()> {
+        self.keep_early(during)?;
+        self.check_alive(during)
     }
 
     /// How long the peer has sent nothing (not even a heartbeat).

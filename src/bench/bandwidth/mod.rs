@@ -112,7 +112,7 @@ fn drive(
             let now = clock.now();
             let moved = (lanes.completed() + lanes.received()) * size;
             let patience = patience_ns(runs[0].spec, size, runs.len(), moved, clock.nanos(start, now), timeout_ns);
-            check_progress(chan, clock.nanos(last_progress, now), patience)?;
+            wait::check_waited(chan, clock.nanos(last_progress, now), patience, COMPLETIONS)?;
         }
     }
     let outcome = lanes.finish(&peer)?;
@@ -157,16 +157,8 @@ pub fn patience_ns(spec: &TestSpec, size: u64, qps: usize, moved: u64, elapsed_n
     timeout_ns.max(needed.min(u64::MAX as f64) as u64)
 }
 
-/// Err when nothing has moved for `patience_ns`: the peer's silence if it has gone quiet
-/// too, a stalled RDMA path if it lives. The peer's silence alone is an error at once.
-fn check_progress(chan: &Channel, quiet_ns: u64, patience_ns: u64) -> Result<()> {
-    let what = "the bandwidth run's completions";
-    chan.check_alive(what)?;
-    if quiet_ns >= patience_ns {
-        return Err(if chan.quiet() { chan.silence(what) } else { wait::stalled(chan, patience_ns, what) });
-    }
-    Ok(())
-}
+/// What a bandwidth run's checks say it waited for.
+const COMPLETIONS: &str = "the bandwidth run's completions";
 
 /// The peer's per-QP counts, checked: one per QP adding up to its total without
 /// overflow (a peer with one QP may leave `per_qp` empty).

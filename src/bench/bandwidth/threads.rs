@@ -185,6 +185,6 @@ fn coordinate(
         }
         let elapsed = start.elapsed().as_nanos() as u64;
         let patience = patience_ns(spec, size, qps, now * size, elapsed, timeout_ns);
-        check_progress(chan, quiet_since.elapsed().as_nanos() as u64, patience)?;
+        wait::check_waited(chan, quiet_since.elapsed().as_nanos() as u64, patience, COMPLETIONS)?;
     }
 }

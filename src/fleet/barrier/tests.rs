@@ -558,7 +558,7 @@ fn a_failed_pair_is_retested_against_the_same_peer_and_a_pair_of_a_node_that_lef
 #[test]
 fn a_server_sends_only_the_records_of_pairs_it_served() {
     let record = |step, client, server| ServedRow { step, client, server, counters: Default::default(), error: None };
-    // Node 0 serves nobody in step 0 of a 4-node round (it measures): any record is forged.
+    // A server of step 0 and its client: records of any other pair, side or step are forged.
     let mut sim = Sim::new(plan(4, Directions::One, None));
     sim.start();
     let server = (0..4).find(|&i| matches!(sim.tasks[i as usize].as_ref().unwrap().work, Work::Serve { .. })).unwrap();
