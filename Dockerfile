@@ -1,4 +1,5 @@
 # rdmabench container image: build with cargo, run on a slim Debian with the verbs userspace.
+# lab/image builds the same image from Debian packages without docker (k8s-jobs/README.md).
 #   docker build -t REGISTRY/rdmabench:0.1.0 .
 #   docker push REGISTRY/rdmabench:0.1.0
 # then render Jobs with `rdmabench k8s render --image REGISTRY/rdmabench:0.1.0 ...`.
@@ -16,12 +17,11 @@ COPY tests tests
 RUN cargo build --release --locked --bin rdmabench
 
 FROM debian:bookworm-slim
-# libibverbs1 and librdmacm1 are loaded at run time; ibverbs-providers holds the drivers
-# (mlx5, rxe, ...); rdma-core gives ibv_devinfo/rdma for debugging a pod by hand.
+# image/packages is the one package list; lab/image builds the same image without docker.
+COPY image/packages /tmp/packages
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libibverbs1 librdmacm1 ibverbs-providers rdma-core \
-      ibverbs-utils iproute2 \
- && rm -rf /var/lib/apt/lists/*
+ && sed -e 's/#.*//' /tmp/packages | xargs apt-get install -y --no-install-recommends \
+ && rm -rf /var/lib/apt/lists/* /tmp/packages
 COPY --from=build /src/target/release/rdmabench /usr/local/bin/rdmabench
 # The man page and bash completions, generated from the same definitions as --help.
 RUN mkdir -p /usr/share/man/man1 /usr/share/bash-completion/completions \

@@ -12,6 +12,9 @@ lab_packages=(
   qemu-system-x86 linux-image-amd64 busybox-static iproute2 kmod cpio xz-utils util-linux
   # a lab test captures a run's packets on a veth cable
   tcpdump
+  # lab/image builds the container image from Debian packages without a registry; the
+  # lab runs its pods under crun with the RuntimeDefault seccomp profile of containers-common
+  mmdebstrap umoci skopeo crun golang-github-containers-common
   # lab/test and lab/bench read cargo's and rdmabench's JSON with it; lab/test validates
   # the Kubernetes manifests with kubernetes-validate (PyPI) in a virtual environment
   python3 python3-venv
