@@ -158,9 +158,7 @@ pub struct ConnectionArgs {
     /// peer's rail i) or `all` (every device this process can open). Default: the first one.
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV[,DEV...]|all")]
     pub device: Option<Devices>,
-    /// With several devices: `concurrent` (every rail at once, as NCCL loads them) or
-    /// `sequential` (one rail at a time, to isolate each).
-    #[arg(long = "rails", default_value = "concurrent", value_name = "MODE")]
+    #[arg(long = "rails", default_value = "concurrent", value_name = "MODE", help = crate::spec::rails::RAIL_MODE_HELP)]
     pub rails: RailMode,
     /// Device port.
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
@@ -636,7 +634,9 @@ pub struct RenderArgs {
     /// GPUs per pod (nvidia.com/gpu).
     #[arg(long)]
     pub gpus: Option<u32>,
-    /// NICs of the machine: checks the document's whole-or-half rule.
+    /// NICs of the machine: checks the document's whole-or-half rule, and sizes the pods'
+    /// memory in modes whose pods see every NIC of the node (vke shared-host, ack shared-*;
+    /// default: 8).
     #[arg(long, value_name = "M")]
     pub machine_nics: Option<u32>,
     #[arg(long, default_value = crate::k8s::DEFAULT_IMAGE)]
@@ -667,6 +667,9 @@ pub struct RenderArgs {
     /// TCP port of the control channel: pod i listens on PORT + i.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     pub port: u16,
+    /// The pods' rails (RDMABENCH_RAILS), with several NICs per pod.
+    #[arg(long = "rails", default_value = "concurrent", value_name = "MODE", help = crate::spec::rails::RAIL_MODE_HELP)]
+    pub rails: RailMode,
     /// Set a threshold parameter of the workload for the pods' run: NAME=VALUE (repeatable),
     /// e.g. `--param min_write_gbps=180` for a 200 Gb/s NIC; checked against the workload's [params].
     #[arg(long = "param", value_name = "NAME=VALUE", value_parser = parse_param)]
@@ -693,6 +696,7 @@ impl RenderArgs {
             fleet: self.pods.map(|n| (n, self.topology)),
             deadline_s: self.deadline,
             port: self.port,
+            rails: self.rails,
             params: self.params.clone(),
             token_secret: self.token_secret.clone(),
         }

@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::spec::rails::RailMode;
+
 use k8s_openapi::api::batch::v1::{
     Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyOnPodConditionsPattern,
     PodFailurePolicyRule, SuccessPolicy, SuccessPolicyRule,
@@ -43,6 +45,8 @@ pub struct JobParams {
     pub fleet: Option<(u32, Topology)>,
     pub deadline_s: i64,
     pub port: u16,
+    /// How a pod's rails share the time (RDMABENCH_RAILS).
+    pub rails: RailMode,
     /// The workload's threshold parameters, as `--param NAME=VALUE`.
     pub params: Vec<(String, f64)>,
     /// Registered memory one rdmabench process of the workload takes at most (bytes).
@@ -199,7 +203,7 @@ fn container(p: &JobParams) -> Container {
             env("RDMABENCH_WORKLOADS", WORKLOADS_DIR),
             env("RDMABENCH_PORT", p.port.to_string()),
             env("RDMABENCH_DEVICES", "all"),
-            env("RDMABENCH_RAILS", "concurrent"),
+            env("RDMABENCH_RAILS", p.rails.label()),
             EnvVar {
                 name: "RDMABENCH_MEMORY_LIMIT_MIB".into(),
                 value_from: Some(EnvVarSource {

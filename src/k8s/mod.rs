@@ -11,11 +11,16 @@ use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
 use fleet::Topology;
+use crate::spec::rails::RailMode;
 use manifest::{JobParams, Placement};
 use platform::Platform;
 
 /// The workloads the image ships (in `manifest::WORKLOADS_DIR`).
 pub const SHIPPED_WORKLOADS: &[&str] = &["smoke", "acceptance", "sweep", "regression"];
+
+/// The NICs a pod of a whole-node mode (vke shared-host, ack shared-*) is assumed to see
+/// when `--machine-nics` does not say: a GPU node's eight rails.
+pub const WHOLE_NODE_NICS: u32 = 8;
 
 /// The image `render` uses unless told otherwise; build it from the Dockerfile.
 pub const DEFAULT_IMAGE: &str = concat!("rdmabench:", env!("CARGO_PKG_VERSION"));
@@ -36,6 +41,8 @@ pub struct RenderRequest {
     pub fleet: Option<(u32, Topology)>,
     pub deadline_s: i64,
     pub port: u16,
+    /// How a pod's rails share the time (RDMABENCH_RAILS).
+    pub rails: RailMode,
     /// `--param NAME=VALUE` for the workload's thresholds, passed to the pods' `run`.
     pub params: Vec<(String, f64)>,
     /// The Secret holding the shared token (key `token`).
@@ -102,6 +109,9 @@ pub fn plan(r: &RenderRequest) -> Result<(JobParams, Vec<String>)> {
     let user: BTreeMap<String, f64> = r.params.iter().cloned().collect();
     let workload = crate::workload::file::parse(text, &format!("{}.toml", r.workload), &user)?;
     // What one rdmabench process registers at most: the largest step's need on every rail.
+    // The pods measure every device they see (`-d all`): in a mode that shows every NIC of
+    // the node, that is the node's count, not the request.
+    let rails = if mode.whole_node { r.machine_nics.unwrap_or(WHOLE_NODE_NICS) } else { r.nics };
     let registered_memory = workload
         .steps
         .iter()
@@ -111,7 +121,7 @@ pub fn plan(r: &RenderRequest) -> Result<(JobParams, Vec<String>)> {
         })
         .max()
         .unwrap_or(0)
-        .saturating_mul(r.nics.max(1) as u64);
+        .saturating_mul(rails.max(1) as u64);
     let secret_ok = !r.token_secret.is_empty()
         && r.token_secret.len() <= 253
         && r.token_secret.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
@@ -174,6 +184,7 @@ pub fn plan(r: &RenderRequest) -> Result<(JobParams, Vec<String>)> {
             fleet: r.fleet,
             deadline_s: r.deadline_s,
             port: r.port,
+            rails: r.rails,
             params,
             registered_memory,
             token_secret: r.token_secret.clone(),
@@ -198,6 +209,7 @@ pub fn committed() -> Vec<(String, RenderRequest)> {
         placement: Placement::CrossNode,
         fleet: None,
         deadline_s: 1800,
+        rails: RailMode::Concurrent,
         port: 18515,
         params: Vec::new(),
         token_secret: DEFAULT_TOKEN_SECRET.into(),
@@ -402,6 +414,22 @@ mod tests {
         assert!(four.memory_mib() > sweep.memory_mib());
         r.token_secret = "Not A Name".into();
         assert_eq!(plan(&r).unwrap_err().exit_code(), 2);
+    }
+
+    /// A whole-node mode's pod measures every NIC of its node whatever it requested, so its
+    /// memory is sized for the node's NICs (found by the lab's pods under crun: a shared-host
+    /// pod on a 2-NIC node was refused 2 x 16 MiB with a limit sized for one rail).
+    #[test]
+    fn a_whole_node_pod_is_sized_for_every_nic_of_the_node() {
+        let mut r = request(Platform::Vke, "shared-host", 1);
+        r.workload = "smoke".into();
+        let per_rail = 2 * 128 * (64 << 10);
+        assert_eq!(plan(&r).unwrap().0.registered_memory, u64::from(WHOLE_NODE_NICS) * per_rail);
+        r.machine_nics = Some(2);
+        assert_eq!(plan(&r).unwrap().0.registered_memory, 2 * per_rail);
+        let mut ack = request(Platform::Ack, "shared-hostnet", 1);
+        ack.workload = "smoke".into();
+        assert_eq!(plan(&ack).unwrap().0.registered_memory, u64::from(WHOLE_NODE_NICS) * per_rail);
     }
 
     #[test]

@@ -86,6 +86,10 @@ impl Devices {
     }
 }
 
+/// `--rails`' help, shared by `run`/the tests and `k8s render`.
+pub const RAIL_MODE_HELP: &str = "With several devices: `concurrent` (every rail at once, as NCCL loads them) or \
+     `sequential` (one rail at a time, to isolate each)";
+
 /// How several rails share the time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -3,10 +3,13 @@
 //! starts real rdmabench processes on rxe. They never skip: without RDMA they fail.
 //!
 //! One module per topology, each run in its own guest by `lab/test`: `loopback` (one
-//! device), `rails` (two cables), `fleet` (a switch of six simulated nodes); what they
-//! share is in `common`.
+//! device), `rails` (two cables), `fleet` (a switch of six simulated nodes); `pods` runs
+//! rendered Jobs' pods in the container image under an OCI runtime, on the two cables.
+//! What they share is in `common`; what a kubelet makes of a pod spec is in `kubelet`.
 
 mod common;
 mod fleet;
+mod kubelet;
 mod loopback;
+mod pods;
 mod rails;

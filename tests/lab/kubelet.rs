@@ -1,0 +1,559 @@
+//! What a kubelet and its container runtime (containerd, then an OCI runtime) make of a
+//! rendered Job's pod, as far as the lab can do it for real: the image built by `lab/image`
+//! unpacked as the pod's root (an overlay, as a snapshotter gives), the spec's command and
+//! env (downward API, Secret and the Job controller's index filled in), capabilities,
+//! no_new_privs, the RuntimeDefault seccomp profile, the memory limit as a cgroup, the
+//! runtime's default 64 KiB locked-memory limit, the pod's volumes and only the
+//! `/dev/infiniband` nodes its device plugin hands it. `crun` runs it.
+//!
+//! What the lab cannot give: a network namespace per pod (rxe on Linux 6.1 works only in
+//! the initial one, see docs/lab.md), so every pod shares the guest's network as a
+//! hostNetwork pod does; the cluster's DNS, which `/etc/hosts` stands in for.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
+
+use serde_json::json;
+
+use super::common::*;
+
+/// The OCI runtime that runs the pods.
+const RUNTIME: &str = "crun";
+/// Where the runtime keeps its state, and the pods their bundles (tmpfs in the guest).
+const STATE: &str = "/run/rdmabench-pods";
+/// The parent cgroup of every pod (cgroup v2, mounted by the guest's init).
+const CGROUP_PARENT: &str = "rdmabench-pods";
+/// containerd's RuntimeDefault profile is moby's; Debian ships the same allow-list (with
+/// CRI-O's additions) in containers-common, in moby's format.
+const SECCOMP_PROFILE: &str = "/usr/share/containers/seccomp.json";
+/// What a container's processes may lock without CAP_IPC_LOCK: containerd passes on its
+/// own RLIMIT_MEMLOCK, which is the kernel's default of 64 KiB under systemd.
+pub const DEFAULT_MEMLOCK: u64 = 64 * 1024;
+/// The capabilities containerd gives a container that neither adds nor drops any.
+const DEFAULT_CAPS: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+];
+
+/// The image `lab/image` built, unpacked once per test process.
+pub struct Image {
+    /// `NAME:TAG`, as a Job names it (`docker load` gives the archive this name).
+    pub reference: String,
+    pub rootfs: PathBuf,
+    /// The image config's environment (PATH), which the container's env extends.
+    pub env: Vec<String>,
+}
+
+/// The OCI layout of `lab/image` (RDMABENCH_IMAGE_LAYOUT moves it) and its tag, the
+/// package's version.
+pub fn image() -> &'static Image {
+    static IMAGE: OnceLock<Image> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        let version = env!("CARGO_PKG_VERSION");
+        let layout = std::env::var("RDMABENCH_IMAGE_LAYOUT")
+            .unwrap_or_else(|_| format!("{}/target/image/oci", env!("CARGO_MANIFEST_DIR")));
+        assert!(
+            Path::new(&layout).join("index.json").is_file(),
+            "no OCI image layout at {layout}: build the image with lab/image (lab/test does) before these tests"
+        );
+        let dir = Path::new(STATE).join("image");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(STATE).unwrap();
+        let unpack = Command::new("umoci")
+            .args(["unpack", "--image", &format!("{layout}:{version}")])
+            .arg(&dir)
+            .output()
+            .expect("umoci (lab/setup.sh installs it)");
+        assert!(unpack.status.success(), "umoci unpack: {}", String::from_utf8_lossy(&unpack.stderr));
+        let config: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        let env = config["process"]["env"].as_array().unwrap().iter().map(|e| e.as_str().unwrap().to_string()).collect();
+        Image { reference: format!("rdmabench:{version}"), rootfs: dir.join("rootfs"), env }
+    })
+}
+
+/// A node of the lab as the scheduler placed a pod there: its address and the RDMA
+/// devices its device plugin hands the pod.
+pub struct Node {
+    pub ip: &'static str,
+    pub devices: &'static [&'static str],
+}
+
+/// One pod of an Indexed Job: its template, index, node, and the cluster around it.
+pub struct PodSpec<'a> {
+    pub job: &'a Value,
+    pub index: usize,
+    pub node: &'a Node,
+    /// Every pod's IP by index: the headless Service's DNS records (`JOB-i.SERVICE`).
+    pub pod_ips: &'a [&'a str],
+    /// The value of every Secret key the pod's env refers to.
+    pub secret: &'a str,
+}
+
+impl PodSpec<'_> {
+    fn template(&self) -> &Value {
+        &self.job["spec"]["template"]["spec"]
+    }
+
+    fn container(&self) -> &Value {
+        &self.template()["containers"][0]
+    }
+
+    fn host_network(&self) -> bool {
+        self.template()["hostNetwork"] == true
+    }
+
+    fn job_name(&self) -> &str {
+        self.job["metadata"]["name"].as_str().unwrap()
+    }
+
+    /// The pod's name and, for an Indexed Job with a subdomain, its host name: `JOB-INDEX`.
+    pub fn name(&self) -> String {
+        format!("{}-{}", self.job_name(), self.index)
+    }
+
+    fn memory_limit(&self) -> u64 {
+        let limit = self.container()["resources"]["limits"]["memory"].as_str().expect("a memory limit");
+        quantity_bytes(limit)
+    }
+}
+
+/// A Kubernetes quantity of bytes ("416Mi", "8Gi", "1G", "512").
+pub fn quantity_bytes(q: &str) -> u64 {
+    let units = [("Ki", 1u64 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30), ("Ti", 1 << 40), ("k", 1000), ("M", 1_000_000), ("G", 1_000_000_000)];
+    for (suffix, mult) in units {
+        if let Some(n) = q.strip_suffix(suffix) {
+            return n.parse::<u64>().unwrap_or_else(|_| panic!("quantity {q}")) * mult;
+        }
+    }
+    q.parse().unwrap_or_else(|_| panic!("quantity {q}"))
+}
+
+/// The effective capability set of the container's root process: containerd's defaults,
+/// less `drop` (ALL drops every one), plus `add`.
+pub fn capabilities(security: &Value) -> Vec<String> {
+    let names = |v: &Value| -> Vec<String> {
+        v.as_array().map(|a| a.iter().map(|c| format!("CAP_{}", c.as_str().unwrap())).collect()).unwrap_or_default()
+    };
+    let drop = names(&security["capabilities"]["drop"]);
+    let mut caps: Vec<String> = if drop.iter().any(|c| c == "CAP_ALL") {
+        Vec::new()
+    } else {
+        DEFAULT_CAPS.iter().map(|c| c.to_string()).filter(|c| !drop.contains(c)).collect()
+    };
+    for c in names(&security["capabilities"]["add"]) {
+        if !caps.contains(&c) {
+            caps.push(c);
+        }
+    }
+    caps
+}
+
+/// The RuntimeDefault profile for a container with `caps` on x86-64, in the OCI runtime
+/// spec's form: moby's rules kept when their `includes` hold and their `excludes` do not,
+/// as containerd and CRI-O select them.
+pub fn runtime_default_seccomp(caps: &[String]) -> Value {
+    let profile: Value = serde_json::from_str(
+        &std::fs::read_to_string(SECCOMP_PROFILE).expect("the RuntimeDefault profile (lab/setup.sh installs containers-common)"),
+    )
+    .unwrap();
+    let arch = profile["archMap"].as_array().unwrap().iter().find(|a| a["architecture"] == "SCMP_ARCH_X86_64").unwrap();
+    let mut architectures = vec![arch["architecture"].clone()];
+    architectures.extend(arch["subArchitectures"].as_array().unwrap().iter().cloned());
+    let has_cap = |c: &Value| caps.iter().any(|have| have == c.as_str().unwrap());
+    let list = |v: &Value| v.as_array().cloned().unwrap_or_default();
+    let syscalls: Vec<Value> = profile["syscalls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| {
+            let inc = &s["includes"];
+            let exc = &s["excludes"];
+            let arch_ok = list(&inc["arches"]).is_empty() || list(&inc["arches"]).iter().any(|a| a == "amd64");
+            let arch_excluded = list(&exc["arches"]).iter().any(|a| a == "amd64");
+            arch_ok && !arch_excluded && list(&inc["caps"]).iter().all(has_cap) && !list(&exc["caps"]).iter().any(has_cap)
+        })
+        .map(|s| {
+            let mut rule = json!({ "names": s["names"], "action": s["action"] });
+            if let Some(args) = s["args"].as_array().filter(|a| !a.is_empty()) {
+                rule["args"] = json!(args);
+            }
+            if s["errnoRet"].is_u64() {
+                rule["errnoRet"] = s["errnoRet"].clone();
+            }
+            rule
+        })
+        .collect();
+    json!({
+        "defaultAction": profile["defaultAction"],
+        "defaultErrnoRet": profile["defaultErrnoRet"],
+        "architectures": architectures,
+        "syscalls": syscalls,
+    })
+}
+
+/// The value of one env entry, as the kubelet resolves it.
+fn env_value(pod: &PodSpec, e: &Value) -> String {
+    if let Some(v) = e["value"].as_str() {
+        return v.to_string();
+    }
+    let from = &e["valueFrom"];
+    if from["secretKeyRef"].is_object() {
+        return pod.secret.to_string();
+    }
+    if let Some(resource) = from["resourceFieldRef"]["resource"].as_str() {
+        assert_eq!(resource, "limits.memory", "a resource the lab fills: {e}");
+        let divisor = from["resourceFieldRef"]["divisor"].as_str().map_or(1, quantity_bytes);
+        // The kubelet rounds up.
+        return pod.memory_limit().div_ceil(divisor).to_string();
+    }
+    match from["fieldRef"]["fieldPath"].as_str() {
+        Some("metadata.name") => pod.name(),
+        Some("metadata.namespace") => pod.job["metadata"]["namespace"].as_str().unwrap_or("default").to_string(),
+        Some("spec.nodeName") => format!("lab-node-{}", pod.node.ip),
+        Some("status.podIP") | Some("status.hostIP") => pod.node.ip.to_string(),
+        Some(p) if p.contains("job-completion-index") => pod.index.to_string(),
+        _ => panic!("an env entry the lab cannot fill: {e}"),
+    }
+}
+
+/// `/etc/hosts` of the pod: localhost, the pod itself, and the headless Service's records
+/// of every pod of the Job (the cluster DNS's answers, which the lab has no server for).
+fn hosts_file(pod: &PodSpec) -> String {
+    let service = pod.template()["subdomain"].as_str().unwrap_or(pod.job_name());
+    let ns = pod.job["metadata"]["namespace"].as_str().unwrap_or("default");
+    let mut hosts = String::from("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+    for (i, ip) in pod.pod_ips.iter().enumerate() {
+        let name = format!("{}-{i}", pod.job_name());
+        hosts.push_str(&format!("{ip}\t{name}.{service}.{ns}.svc.cluster.local {name}.{service} {name}\n"));
+    }
+    hosts
+}
+
+/// The character device numbers of `path`.
+fn char_device(path: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).rdev();
+    (libc::major(rdev) as u64, libc::minor(rdev) as u64)
+}
+
+/// The verbs nodes of `devices` (`/sys/class/infiniband_verbs/uverbsN/ibdev` names each
+/// node's device) and `rdma_cm`: what an RDMA device plugin puts in the pod's
+/// `ContainerAllocateResponse`.
+fn plugin_devices(devices: &[&str]) -> Vec<PathBuf> {
+    let mut nodes: Vec<PathBuf> = std::fs::read_dir("/sys/class/infiniband_verbs")
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let ibdev = std::fs::read_to_string(e.path().join("ibdev")).ok()?;
+            devices.contains(&ibdev.trim()).then(|| Path::new("/dev/infiniband").join(e.file_name()))
+        })
+        .collect();
+    nodes.sort();
+    assert_eq!(nodes.len(), devices.len(), "a verbs node for each of {devices:?}");
+    nodes.push("/dev/infiniband/rdma_cm".into());
+    nodes
+}
+
+/// The OCI runtime config of the pod's one container (config.json), with its bundle's
+/// files written next to it.
+pub fn oci_config(pod: &PodSpec, bundle: &Path) -> Value {
+    let c = pod.container();
+    let image = image();
+    assert_eq!(c["image"], image.reference.as_str(), "the Job names the image lab/image builds");
+    let caps = capabilities(&c["securityContext"]);
+    let security = &c["securityContext"];
+    let seccomp = match security["seccompProfile"]["type"].as_str() {
+        Some("RuntimeDefault") => Some(runtime_default_seccomp(&caps)),
+        Some("Unconfined") => None,
+        other => panic!("a seccomp profile the lab does not know: {other:?}"),
+    };
+
+    let mut env = image.env.clone();
+    env.push(format!("HOSTNAME={}", pod.name()));
+    for e in c["env"].as_array().unwrap() {
+        env.push(format!("{}={}", e["name"].as_str().unwrap(), env_value(pod, e)));
+    }
+    // The Job controller adds the index to every container of an Indexed Job.
+    env.push(format!("JOB_COMPLETION_INDEX={}", pod.index));
+
+    // Files the kubelet manages for each container.
+    std::fs::write(bundle.join("hosts"), hosts_file(pod)).unwrap();
+    let hostname = if pod.host_network() { std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap() } else { pod.name() };
+    std::fs::write(bundle.join("hostname"), format!("{}\n", hostname.trim())).unwrap();
+    std::fs::write(bundle.join("resolv.conf"), "search default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n").unwrap();
+    std::fs::write(bundle.join("termination-log"), "").unwrap();
+    let bind = |dest: &str, src: PathBuf, ro: bool| {
+        let mut options = vec!["rbind", "rprivate"];
+        if ro {
+            options.push("ro");
+        }
+        json!({ "destination": dest, "type": "bind", "source": src, "options": options })
+    };
+    let mut mounts = vec![
+        json!({ "destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"] }),
+        json!({ "destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"] }),
+        json!({ "destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"] }),
+        json!({ "destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"] }),
+        // Without a network namespace of its own a container cannot mount a fresh sysfs:
+        // runtimes bind the host's, read-only, as for a hostNetwork pod.
+        json!({ "destination": "/sys", "type": "bind", "source": "/sys", "options": ["rbind", "nosuid", "noexec", "nodev", "ro"] }),
+        bind("/etc/hosts", bundle.join("hosts"), false),
+        bind("/etc/hostname", bundle.join("hostname"), false),
+        bind("/etc/resolv.conf", bundle.join("resolv.conf"), false),
+        bind(c["terminationMessagePath"].as_str().unwrap_or("/dev/termination-log"), bundle.join("termination-log"), false),
+    ];
+    if !c["volumeMounts"].as_array().is_some_and(|m| m.iter().any(|m| m["mountPath"] == "/dev/shm")) {
+        // containerd's sandbox /dev/shm.
+        mounts.push(json!({ "destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"] }));
+    }
+    for m in c["volumeMounts"].as_array().into_iter().flatten() {
+        let name = &m["name"];
+        let volume = pod.template()["volumes"].as_array().unwrap().iter().find(|v| &v["name"] == name).unwrap();
+        let dest = m["mountPath"].as_str().unwrap();
+        let ro = m["readOnly"] == true;
+        if volume["emptyDir"]["medium"] == "Memory" {
+            // A memory-backed emptyDir is a tmpfs sized by its sizeLimit, else by the pod's
+            // memory limit (the kubelet's SizeMemoryBackedVolumes).
+            let size = volume["emptyDir"]["sizeLimit"].as_str().map_or(pod.memory_limit(), quantity_bytes);
+            mounts.push(json!({ "destination": dest, "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777", format!("size={size}")] }));
+        } else if volume["emptyDir"].is_object() {
+            let dir = bundle.join(format!("volume-{}", name.as_str().unwrap()));
+            std::fs::create_dir_all(&dir).unwrap();
+            mounts.push(bind(dest, dir, ro));
+        } else if let Some(path) = volume["hostPath"]["path"].as_str() {
+            if volume["hostPath"]["type"] == "Directory" {
+                assert!(Path::new(path).is_dir(), "hostPath type check: {path} is not a directory on the node");
+            }
+            mounts.push(bind(dest, path.into(), ro));
+        } else {
+            panic!("a volume the lab does not mount: {volume}");
+        }
+    }
+
+    let devices: Vec<Value> = plugin_devices(pod.node.devices)
+        .iter()
+        .map(|p| {
+            let (major, minor) = char_device(p);
+            json!({ "path": p, "type": "c", "major": major, "minor": minor, "fileMode": 0o666, "uid": 0, "gid": 0 })
+        })
+        .collect();
+    // Deny every device but the runtime's defaults (null, zero, full, tty, random,
+    // urandom, ptmx, pts) and the plugin's.
+    let mut device_rules = vec![json!({ "allow": false, "access": "rwm" })];
+    for (major, minor) in [(1, 3), (1, 5), (1, 7), (5, 0), (1, 8), (1, 9), (5, 2)] {
+        device_rules.push(json!({ "allow": true, "type": "c", "major": major, "minor": minor, "access": "rwm" }));
+    }
+    device_rules.push(json!({ "allow": true, "type": "c", "major": 136, "access": "rwm" }));
+    for d in &devices {
+        device_rules.push(json!({ "allow": true, "type": "c", "major": d["major"], "minor": d["minor"], "access": "rw" }));
+    }
+
+    let mut args: Vec<Value> = c["command"].as_array().expect("the Job's container names its command").clone();
+    args.extend(c["args"].as_array().cloned().unwrap_or_default());
+    let mut namespaces = vec![json!({ "type": "pid" }), json!({ "type": "ipc" }), json!({ "type": "mount" })];
+    if !pod.host_network() {
+        namespaces.push(json!({ "type": "uts" }));
+    }
+    let limit = pod.memory_limit();
+    let mut linux = json!({
+        "namespaces": namespaces,
+        "cgroupsPath": format!("/{CGROUP_PARENT}/{}", pod.name()),
+        "resources": {
+            "memory": { "limit": limit, "swap": limit },
+            "devices": device_rules,
+        },
+        "devices": devices,
+        "maskedPaths": ["/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+            "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware"],
+        "readonlyPaths": ["/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
+    });
+    if let Some(s) = seccomp {
+        linux["seccomp"] = s;
+    }
+    let mut config = json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": { "uid": 0, "gid": 0 },
+            "args": args,
+            "env": env,
+            "cwd": "/",
+            "capabilities": { "bounding": caps, "effective": caps, "permitted": caps },
+            "rlimits": [
+                { "type": "RLIMIT_MEMLOCK", "hard": DEFAULT_MEMLOCK, "soft": DEFAULT_MEMLOCK },
+                { "type": "RLIMIT_NOFILE", "hard": 1048576, "soft": 1048576 },
+            ],
+            "noNewPrivileges": security["allowPrivilegeEscalation"] == false,
+        },
+        "root": { "path": "rootfs", "readonly": security["readOnlyRootFilesystem"] == true },
+        "mounts": mounts,
+        "linux": linux,
+    });
+    // A hostNetwork pod keeps the node's host name (and UTS namespace).
+    if !pod.host_network() {
+        config["hostname"] = json!(pod.name());
+    }
+    config
+}
+
+/// A pod's container while the runtime runs it.
+pub struct Running {
+    pub name: String,
+    bundle: PathBuf,
+    logs: PathBuf,
+    child: Option<Child>,
+    peak: Arc<AtomicU64>,
+    max: Arc<AtomicU64>,
+    watcher: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What a finished pod left: its log (both streams, as `kubectl logs` shows them), exit
+/// code, termination message, and its cgroup's memory.max and memory.peak.
+pub struct Finished {
+    pub name: String,
+    pub out: Out,
+    pub termination_message: String,
+    pub memory_max: u64,
+    pub memory_peak: u64,
+}
+
+/// Where the pods' logs go, as the kubelet keeps them in /var/log/pods: the lab's share
+/// when there is one, so that a pod still running can be read from the host.
+fn log_dir(bundle: &Path) -> PathBuf {
+    match std::env::var_os("RDMABENCH_LAB_SHARE") {
+        Some(share) => Path::new(&share).join("pods"),
+        None => bundle.to_path_buf(),
+    }
+}
+
+/// Starts the pod's container: its bundle (an overlay on the unpacked image, config.json)
+/// and `crun run`.
+pub fn start(pod: &PodSpec) -> Running {
+    ensure_cgroups();
+    let name = pod.name();
+    let bundle = Path::new(STATE).join(&name);
+    let _ = Command::new("umount").arg(bundle.join("rootfs")).output();
+    let _ = std::fs::remove_dir_all(&bundle);
+    for d in ["rootfs", "upper", "work"] {
+        std::fs::create_dir_all(bundle.join(d)).unwrap();
+    }
+    let lower = image().rootfs.display().to_string();
+    let options = format!("lowerdir={lower},upperdir={},workdir={}", bundle.join("upper").display(), bundle.join("work").display());
+    let mounted = Command::new("mount").args(["-t", "overlay", "overlay", "-o", &options]).arg(bundle.join("rootfs")).status().unwrap();
+    assert!(mounted.success(), "overlay rootfs for {name}");
+    let config = oci_config(pod, &bundle);
+    std::fs::write(bundle.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
+    let logs = log_dir(&bundle);
+    std::fs::create_dir_all(&logs).unwrap();
+    let log = |stream: &str| std::fs::File::create(logs.join(format!("{name}.{stream}"))).unwrap();
+    let child = Command::new(RUNTIME)
+        .args(["--root", &format!("{STATE}/runtime"), "run", "--bundle"])
+        .arg(&bundle)
+        .arg(&name)
+        .stdout(log("stdout"))
+        .stderr(log("stderr"))
+        .spawn()
+        .expect("crun (lab/setup.sh installs it)");
+    // The cgroup goes with the container: read its memory figures while it lives.
+    let peak = Arc::new(AtomicU64::new(0));
+    let max = Arc::new(AtomicU64::new(0));
+    let cgroup = Path::new("/sys/fs/cgroup").join(CGROUP_PARENT).join(&name);
+    let (p, m, pid) = (peak.clone(), max.clone(), child.id());
+    let watcher = std::thread::spawn(move || {
+        let read = |f: &str| std::fs::read_to_string(cgroup.join(f)).ok().and_then(|s| s.trim().parse::<u64>().ok());
+        while Path::new(&format!("/proc/{pid}")).exists() {
+            if let Some(v) = read("memory.max") {
+                m.store(v, Ordering::Relaxed);
+            }
+            if let Some(v) = read("memory.peak").or_else(|| read("memory.current")) {
+                p.fetch_max(v, Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    Running { name, bundle, logs, child: Some(child), peak, max, watcher: Some(watcher) }
+}
+
+impl Running {
+    fn runtime(&self, args: &[&str]) {
+        let _ = Command::new(RUNTIME).args(["--root", &format!("{STATE}/runtime")]).args(args).arg(&self.name).output();
+    }
+
+    /// Waits for the container until `deadline`, then has the runtime kill it (as the
+    /// Job's activeDeadlineSeconds would); the pod's exit code then says 137.
+    pub fn wait(mut self, deadline: Instant) -> Finished {
+        let mut child = self.child.take().unwrap();
+        let mut killed = false;
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline && !killed {
+                self.runtime(&["kill", "--all"]);
+                killed = true;
+            }
+            if Instant::now() > deadline + Duration::from_secs(10) {
+                let _ = child.kill();
+                break child.wait().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        if let Some(w) = self.watcher.take() {
+            let _ = w.join();
+        }
+        use std::os::unix::process::ExitStatusExt;
+        let read = |stream: &str| std::fs::read_to_string(self.logs.join(format!("{}.{stream}", self.name))).unwrap_or_default();
+        let mut stderr = read("stderr");
+        if killed {
+            stderr.push_str(&format!("\n(the lab killed pod {} at its deadline)\n", self.name));
+        }
+        Finished {
+            name: self.name.clone(),
+            out: Out { code: status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)), stdout: read("stdout"), stderr },
+            termination_message: std::fs::read_to_string(self.bundle.join("termination-log")).unwrap_or_default(),
+            memory_max: self.max.load(Ordering::Relaxed),
+            memory_peak: self.peak.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            self.runtime(&["kill", "--all"]);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.runtime(&["delete", "--force"]);
+        let _ = Command::new("umount").arg(self.bundle.join("rootfs")).output();
+        let _ = std::fs::remove_dir_all(&self.bundle);
+    }
+}
+
+/// The memory controller enabled for the pods' parent cgroup, as a node's init leaves it.
+fn ensure_cgroups() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let root = Path::new("/sys/fs/cgroup");
+        assert!(root.join("cgroup.controllers").is_file(), "cgroup v2 is mounted on /sys/fs/cgroup (lab/guest-init)");
+        let controllers = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap();
+        assert!(controllers.contains("memory"), "the memory controller: {controllers}");
+        std::fs::write(root.join("cgroup.subtree_control"), "+memory +pids").unwrap();
+        let parent = root.join(CGROUP_PARENT);
+        std::fs::create_dir_all(&parent).unwrap();
+        std::fs::write(parent.join("cgroup.subtree_control"), "+memory +pids").unwrap();
+    });
+}

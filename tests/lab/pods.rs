@@ -1,0 +1,158 @@
+//! The rendered Jobs' pods run for real: the image `lab/image` built, under an OCI runtime
+//! (crun) with each pod's securityContext, memory limit and device-plugin devices
+//! (`kubelet`), on two cables (`lab/run --nics 2`): node "b" (rxeb0, rxeb1, 10.90.1.1)
+//! runs pod 0, node "a" (rxea0, rxea1, 10.90.0.1) pod 1.
+
+use super::common::*;
+use super::kubelet::{self, Finished, Node, PodSpec, DEFAULT_MEMLOCK};
+
+const NODE_B: Node = Node { ip: "10.90.1.1", devices: &["rxeb0", "rxeb1"] };
+const NODE_A: Node = Node { ip: "10.90.0.1", devices: &["rxea0", "rxea1"] };
+const SECRET: &str = "lab-token-from-the-secret-0123";
+/// The platforms' thresholds (k8s-jobs/README.md) ask for a real NIC's speed: the lab's
+/// acceptance Job gets the workload's own lab values instead, as `--param`s.
+const LAB_PARAMS: &[&str] = &[
+    "--param",
+    "min_line_rate_pct=0.1",
+    "--param",
+    "max_rail_spread_pct=90",
+    "--param",
+    "max_write_p50_us=1000",
+    "--param",
+    "max_write_p99_us=10000",
+    "--param",
+    "max_read_p50_us=2000",
+    "--param",
+    "max_send_p50_us=1000",
+];
+
+/// The directory VKE's pods mount from the node (hostPath, type Directory), with the NCCL
+/// topology file it holds on virtual machines.
+fn node_topology_dir() {
+    let dir = std::path::Path::new("/var/run/nvidia-topologyd");
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("virtualTopology.xml"), "<system version=\"1\">\n</system>\n").unwrap();
+}
+
+/// `k8s render ARGS` as a user of this lab renders it. Unlike a cluster, a pod's rails run
+/// one after another (`--rails sequential`): both pods share the guest's two vCPUs, and
+/// four busy-polling latency loops at once measure the scheduler (p50 6-8 ms for 26 us
+/// alone, and 10 minutes for the acceptance workload).
+fn lab_job(args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--rails", "sequential"]);
+    if args.contains(&"acceptance") {
+        all.extend_from_slice(LAB_PARAMS);
+    }
+    let job = rendered_job(&all);
+    let env = job["spec"]["template"]["spec"]["containers"][0]["env"].as_array().unwrap();
+    assert!(env.iter().any(|e| e["name"] == "RDMABENCH_RAILS" && e["value"] == "sequential"), "{job}");
+    job
+}
+
+/// Runs every pod of `job` at once (pod i on `nodes[i]`), as the Job controller creates
+/// them, and waits for all.
+fn run_job(job: &Value, nodes: &[&Node], limit: Duration) -> Vec<Finished> {
+    node_topology_dir();
+    let ips: Vec<&str> = nodes.iter().map(|n| n.ip).collect();
+    let running: Vec<kubelet::Running> = nodes
+        .iter()
+        .enumerate()
+        .map(|(index, node)| kubelet::start(&PodSpec { job, index, node, pod_ips: &ips, secret: SECRET }))
+        .collect();
+    let deadline = Instant::now() + limit;
+    running.into_iter().map(|r| r.wait(deadline)).collect()
+}
+
+fn log(p: &Finished) -> String {
+    format!("{}\n{}", p.out.stdout, p.out.stderr)
+}
+
+/// What every pod of a passing pair shows: validate passed on exactly its node's devices,
+/// with CAP_IPC_LOCK over the runtime's 64 KiB memlock limit, under its memory limit.
+fn check_pod(p: &Finished, node: &Node, limit_mib: u64) {
+    let log = log(p);
+    assert_eq!(p.out.code, 0, "pod {}:\n{log}", p.name);
+    let visible = format!("{} usable ({}) of 4 visible", node.devices.len(), node.devices.join(", "));
+    assert!(log.contains(&visible), "only the pod's /dev/infiniband nodes ({visible}):\n{log}");
+    assert!(log.contains("PASS  cap-ipc-lock") && log.contains("64.0 KiB (CAP_IPC_LOCK lifts it)"), "{log}");
+    assert_eq!(p.memory_max, limit_mib << 20, "the cgroup's memory.max is the spec's limit");
+    assert!(p.memory_peak > DEFAULT_MEMLOCK && p.memory_peak < p.memory_max, "peak {} of {}", p.memory_peak, p.memory_max);
+}
+
+/// The client's termination message and both pods' logs through `summarize`.
+fn check_pair(pods: &[Finished], workload: &str, rails: usize) {
+    assert_eq!(pods[1].termination_message.trim(), format!("pod 1 -> pod 0: workload {workload} PASS (exit 0)"));
+    assert_eq!(pods[0].termination_message.trim(), "pod 0 served the workload (exit 0)");
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("pods.log");
+    std::fs::write(&logs, pods.iter().map(log).collect::<Vec<_>>().join("\n")).unwrap();
+    let s = run(&["summarize", logs.to_str().unwrap()]);
+    assert_eq!(s.code, 0, "{}\n{}", s.stdout, s.stderr);
+    assert!(s.stdout.contains(&format!("1 link(s), 0 failed; {rails} rail(s), 0 failed")), "{}", s.stdout);
+}
+
+fn limit_mib(job: &Value) -> u64 {
+    let limit = job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"].as_str().unwrap();
+    kubelet::quantity_bytes(limit) >> 20
+}
+
+/// VKE exclusive, two NICs per pod, the acceptance workload: every rail of each pod
+/// measured to its peer's, the largest buffers registered with only CAP_IPC_LOCK.
+#[test]
+fn lab_pods_vke_exclusive_two_nics_pass_acceptance_under_crun_with_least_privilege() {
+    let job = lab_job(&["--platform", "vke", "--mode", "exclusive", "--nics", "2", "--workload", "acceptance"]);
+    let pods = run_job(&job, &[&NODE_B, &NODE_A], Duration::from_secs(600));
+    let limit = limit_mib(&job);
+    check_pod(&pods[0], &NODE_B, limit);
+    check_pod(&pods[1], &NODE_A, limit);
+    let client = log(&pods[1]);
+    assert!(client.contains("PASS  exclusive-nic") && client.contains("topology-file"), "{client}");
+    assert!(client.contains(" rail 1: rxea1") && client.contains("-> rxeb1"), "both rails, pod to pod: {client}");
+    check_pair(&pods, "acceptance", 2);
+}
+
+/// VKE shared-host: the pod sees every NIC of its node (IPVLAN sub-interfaces there; a
+/// veth end here, which sysfs shows the same way), and its memory limit, sized for the
+/// node's two NICs, holds both rails' buffers.
+#[test]
+fn lab_pods_vke_shared_host_sees_every_nic_of_its_node_under_crun() {
+    let job = lab_job(&["--platform", "vke", "--mode", "shared-host", "--machine-nics", "2", "--workload", "smoke"]);
+    let pods = run_job(&job, &[&NODE_B, &NODE_A], Duration::from_secs(300));
+    let limit = limit_mib(&job);
+    check_pod(&pods[0], &NODE_B, limit);
+    check_pod(&pods[1], &NODE_A, limit);
+    assert!(log(&pods[1]).contains("PASS  ipvlan"), "{}", log(&pods[1]));
+    check_pair(&pods, "smoke", 2);
+}
+
+/// ACK shared rdma/hca on the node's network: hostNetwork, IPC_LOCK and SYS_RESOURCE.
+#[test]
+fn lab_pods_ack_shared_hostnet_passes_under_crun() {
+    let job = lab_job(&["--platform", "ack", "--mode", "shared-hostnet", "--machine-nics", "2", "--workload", "smoke"]);
+    assert_eq!(job["spec"]["template"]["spec"]["hostNetwork"], true);
+    let pods = run_job(&job, &[&NODE_B, &NODE_A], Duration::from_secs(300));
+    let limit = limit_mib(&job);
+    check_pod(&pods[0], &NODE_B, limit);
+    check_pod(&pods[1], &NODE_A, limit);
+    assert!(log(&pods[1]).contains("PASS  cap-sys-resource"), "{}", log(&pods[1]));
+    check_pair(&pods, "smoke", 2);
+}
+
+/// The same pod without IPC_LOCK: registration is refused under the 64 KiB limit, and the
+/// pod says so and why.
+#[test]
+fn lab_pods_a_pod_without_ipc_lock_fails_with_the_memlock_error() {
+    let mut job = lab_job(&["--platform", "vke", "--mode", "exclusive", "--nics", "2", "--workload", "smoke"]);
+    let caps = &mut job["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"];
+    caps["add"] = serde_json::json!([]);
+    let pod = run_job(&job, &[&NODE_B], Duration::from_secs(120)).remove(0);
+    let log = log(&pod);
+    assert_eq!(pod.out.code, 1, "validate fails the pod:\n{log}");
+    assert!(log.contains("FAIL  cap-ipc-lock") && log.contains("FAIL  memlock"), "{log}");
+    assert!(
+        log.contains("the locked-memory limit (ulimit -l) is 64.0 KiB and this process lacks CAP_IPC_LOCK"),
+        "the memlock error names the limit and the capability:\n{log}"
+    );
+    assert!(pod.termination_message.contains("validate --profile vke-exclusive failed (exit 1)"), "{}", pod.termination_message);
+}
