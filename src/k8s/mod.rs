@@ -10,8 +10,8 @@ pub mod summarize;
 use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
-use fleet::Topology;
 use crate::spec::rails::RailMode;
+use fleet::Topology;
 use manifest::{JobParams, Placement};
 use platform::Platform;
 
@@ -22,7 +22,7 @@ pub const SHIPPED_WORKLOADS: &[&str] = &["smoke", "acceptance", "sweep", "regres
 /// when `--machine-nics` does not say: a GPU node's eight rails.
 pub const WHOLE_NODE_NICS: u32 = 8;
 
-/// The image `render` uses unless told otherwise; build it from the Dockerfile.
+/// The image `render` uses unless told otherwise: what lab/image and the Dockerfile build.
 pub const DEFAULT_IMAGE: &str = concat!("rdmabench:", env!("CARGO_PKG_VERSION"));
 
 /// What `rdmabench k8s render` was asked, before checking.
@@ -476,8 +476,19 @@ mod tests {
         for generated in ["rdmabench docs man > /usr/share/man/man1/rdmabench.1", "rdmabench completions bash >"] {
             assert!(text.contains(generated), "the image installs {generated:?}");
         }
-        for pkg in ["libibverbs1", "ibverbs-providers", "rdma-core", "librdmacm1"] {
-            assert!(text.contains(pkg), "runtime package {pkg}");
+        // One package list for both builds: the Dockerfile and lab/image read image/packages.
+        let packages = std::fs::read_to_string(format!("{root}/image/packages")).unwrap();
+        let listed: Vec<&str> =
+            packages.lines().map(|l| l.split('#').next().unwrap().trim()).filter(|l| !l.is_empty()).collect();
+        for pkg in ["libibverbs1", "ibverbs-providers", "librdmacm1"] {
+            assert!(listed.contains(&pkg), "runtime package {pkg} in image/packages");
+            assert!(!text.contains(pkg), "the Dockerfile names {pkg} itself instead of reading image/packages");
+        }
+        assert!(copies.iter().any(|c| c[0] == "image/packages") && text.contains("xargs apt-get install"), "{text}");
+        let lab_image = std::fs::read_to_string(format!("{root}/lab/image")).unwrap();
+        assert!(lab_image.contains("image/packages") && lab_image.contains("/usr/share/rdmabench/workloads"));
+        for generated in ["docs man >", "completions bash >"] {
+            assert!(lab_image.contains(generated), "lab/image installs {generated:?} too");
         }
     }
 

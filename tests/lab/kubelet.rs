@@ -79,7 +79,8 @@ pub fn image() -> &'static Image {
             .expect("umoci (lab/setup.sh installs it)");
         assert!(unpack.status.success(), "umoci unpack: {}", String::from_utf8_lossy(&unpack.stderr));
         let config: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-        let env = config["process"]["env"].as_array().unwrap().iter().map(|e| e.as_str().unwrap().to_string()).collect();
+        let env =
+            config["process"]["env"].as_array().unwrap().iter().map(|e| e.as_str().unwrap().to_string()).collect();
         Image { reference: format!("rdmabench:{version}"), rootfs: dir.join("rootfs"), env }
     })
 }
@@ -132,7 +133,15 @@ impl PodSpec<'_> {
 
 /// A Kubernetes quantity of bytes ("416Mi", "8Gi", "1G", "512").
 pub fn quantity_bytes(q: &str) -> u64 {
-    let units = [("Ki", 1u64 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30), ("Ti", 1 << 40), ("k", 1000), ("M", 1_000_000), ("G", 1_000_000_000)];
+    let units = [
+        ("Ki", 1u64 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("k", 1000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+    ];
     for (suffix, mult) in units {
         if let Some(n) = q.strip_suffix(suffix) {
             return n.parse::<u64>().unwrap_or_else(|_| panic!("quantity {q}")) * mult;
@@ -166,7 +175,8 @@ pub fn capabilities(security: &Value) -> Vec<String> {
 /// as containerd and CRI-O select them.
 pub fn runtime_default_seccomp(caps: &[String]) -> Value {
     let profile: Value = serde_json::from_str(
-        &std::fs::read_to_string(SECCOMP_PROFILE).expect("the RuntimeDefault profile (lab/setup.sh installs containers-common)"),
+        &std::fs::read_to_string(SECCOMP_PROFILE)
+            .expect("the RuntimeDefault profile (lab/setup.sh installs containers-common)"),
     )
     .unwrap();
     let arch = profile["archMap"].as_array().unwrap().iter().find(|a| a["architecture"] == "SCMP_ARCH_X86_64").unwrap();
@@ -183,7 +193,10 @@ pub fn runtime_default_seccomp(caps: &[String]) -> Value {
             let exc = &s["excludes"];
             let arch_ok = list(&inc["arches"]).is_empty() || list(&inc["arches"]).iter().any(|a| a == "amd64");
             let arch_excluded = list(&exc["arches"]).iter().any(|a| a == "amd64");
-            arch_ok && !arch_excluded && list(&inc["caps"]).iter().all(has_cap) && !list(&exc["caps"]).iter().any(has_cap)
+            arch_ok
+                && !arch_excluded
+                && list(&inc["caps"]).iter().all(has_cap)
+                && !list(&exc["caps"]).iter().any(has_cap)
         })
         .map(|s| {
             let mut rule = json!({ "names": s["names"], "action": s["action"] });
@@ -291,9 +304,14 @@ pub fn oci_config(pod: &PodSpec, bundle: &Path) -> Value {
 
     // Files the kubelet manages for each container.
     std::fs::write(bundle.join("hosts"), hosts_file(pod)).unwrap();
-    let hostname = if pod.host_network() { std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap() } else { pod.name() };
+    let hostname =
+        if pod.host_network() { std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap() } else { pod.name() };
     std::fs::write(bundle.join("hostname"), format!("{}\n", hostname.trim())).unwrap();
-    std::fs::write(bundle.join("resolv.conf"), "search default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n").unwrap();
+    std::fs::write(
+        bundle.join("resolv.conf"),
+        "search default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n",
+    )
+    .unwrap();
     std::fs::write(bundle.join("termination-log"), "").unwrap();
     let bind = |dest: &str, src: PathBuf, ro: bool| {
         let mut options = vec!["rbind", "rprivate"];
@@ -313,7 +331,11 @@ pub fn oci_config(pod: &PodSpec, bundle: &Path) -> Value {
         bind("/etc/hosts", bundle.join("hosts"), false),
         bind("/etc/hostname", bundle.join("hostname"), false),
         bind("/etc/resolv.conf", bundle.join("resolv.conf"), false),
-        bind(c["terminationMessagePath"].as_str().unwrap_or("/dev/termination-log"), bundle.join("termination-log"), false),
+        bind(
+            c["terminationMessagePath"].as_str().unwrap_or("/dev/termination-log"),
+            bundle.join("termination-log"),
+            false,
+        ),
     ];
     if !c["volumeMounts"].as_array().is_some_and(|m| m.iter().any(|m| m["mountPath"] == "/dev/shm")) {
         // containerd's sandbox /dev/shm.
@@ -358,7 +380,8 @@ pub fn oci_config(pod: &PodSpec, bundle: &Path) -> Value {
     }
     device_rules.push(json!({ "allow": true, "type": "c", "major": 136, "access": "rwm" }));
     for d in &devices {
-        device_rules.push(json!({ "allow": true, "type": "c", "major": d["major"], "minor": d["minor"], "access": "rw" }));
+        device_rules
+            .push(json!({ "allow": true, "type": "c", "major": d["major"], "minor": d["minor"], "access": "rw" }));
     }
 
     let mut args: Vec<Value> = c["command"].as_array().expect("the Job's container names its command").clone();
@@ -431,7 +454,8 @@ pub struct Finished {
 }
 
 /// Where the pods' logs go, as the kubelet keeps them in /var/log/pods: the lab's share
-/// when there is one, so that a pod still running can be read from the host.
+/// when there is one, so that a pod still running can be read from the host. `pods.txt`
+/// there gets a line per finished pod: its exit code and memory peak against its limit.
 fn log_dir(bundle: &Path) -> PathBuf {
     match std::env::var_os("RDMABENCH_LAB_SHARE") {
         Some(share) => Path::new(&share).join("pods"),
@@ -451,8 +475,16 @@ pub fn start(pod: &PodSpec) -> Running {
         std::fs::create_dir_all(bundle.join(d)).unwrap();
     }
     let lower = image().rootfs.display().to_string();
-    let options = format!("lowerdir={lower},upperdir={},workdir={}", bundle.join("upper").display(), bundle.join("work").display());
-    let mounted = Command::new("mount").args(["-t", "overlay", "overlay", "-o", &options]).arg(bundle.join("rootfs")).status().unwrap();
+    let options = format!(
+        "lowerdir={lower},upperdir={},workdir={}",
+        bundle.join("upper").display(),
+        bundle.join("work").display()
+    );
+    let mounted = Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o", &options])
+        .arg(bundle.join("rootfs"))
+        .status()
+        .unwrap();
     assert!(mounted.success(), "overlay rootfs for {name}");
     let config = oci_config(pod, &bundle);
     std::fs::write(bundle.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
@@ -515,17 +547,37 @@ impl Running {
             let _ = w.join();
         }
         use std::os::unix::process::ExitStatusExt;
-        let read = |stream: &str| std::fs::read_to_string(self.logs.join(format!("{}.{stream}", self.name))).unwrap_or_default();
+        let read = |stream: &str| {
+            std::fs::read_to_string(self.logs.join(format!("{}.{stream}", self.name))).unwrap_or_default()
+        };
         let mut stderr = read("stderr");
         if killed {
             stderr.push_str(&format!("\n(the lab killed pod {} at its deadline)\n", self.name));
         }
+        let (max, peak) = (self.max.load(Ordering::Relaxed), self.peak.load(Ordering::Relaxed));
+        let summary = format!(
+            "{}: exit {}, memory.peak {:.1} MiB of memory.max {:.1} MiB\n",
+            self.name,
+            status.code().unwrap_or(-1),
+            peak as f64 / (1 << 20) as f64,
+            max as f64 / (1 << 20) as f64
+        );
+        use std::io::Write;
+        let _ = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.logs.join("pods.txt"))
+            .and_then(|mut f| f.write_all(summary.as_bytes()));
         Finished {
             name: self.name.clone(),
-            out: Out { code: status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)), stdout: read("stdout"), stderr },
+            out: Out {
+                code: status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
+                stdout: read("stdout"),
+                stderr,
+            },
             termination_message: std::fs::read_to_string(self.bundle.join("termination-log")).unwrap_or_default(),
-            memory_max: self.max.load(Ordering::Relaxed),
-            memory_peak: self.peak.load(Ordering::Relaxed),
+            memory_max: max,
+            memory_peak: peak,
         }
     }
 }

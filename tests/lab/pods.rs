@@ -4,7 +4,7 @@
 //! runs pod 0, node "a" (rxea0, rxea1, 10.90.0.1) pod 1.
 
 use super::common::*;
-use super::kubelet::{self, Finished, Node, PodSpec, DEFAULT_MEMLOCK};
+use super::kubelet::{self, DEFAULT_MEMLOCK, Finished, Node, PodSpec};
 
 const NODE_B: Node = Node { ip: "10.90.1.1", devices: &["rxeb0", "rxeb1"] };
 const NODE_A: Node = Node { ip: "10.90.0.1", devices: &["rxea0", "rxea1"] };
@@ -38,7 +38,7 @@ fn node_topology_dir() {
 /// one after another (`--rails sequential`): both pods share the guest's two vCPUs, and
 /// four busy-polling latency loops at once measure the scheduler (p50 6-8 ms for 26 us
 /// alone, and 10 minutes for the acceptance workload).
-fn lab_job(args: &[&str]) -> Value {
+fn render_for_lab(args: &[&str]) -> Value {
     let mut all = args.to_vec();
     all.extend_from_slice(&["--rails", "sequential"]);
     if args.contains(&"acceptance") {
@@ -77,7 +77,12 @@ fn check_pod(p: &Finished, node: &Node, limit_mib: u64) {
     assert!(log.contains(&visible), "only the pod's /dev/infiniband nodes ({visible}):\n{log}");
     assert!(log.contains("PASS  cap-ipc-lock") && log.contains("64.0 KiB (CAP_IPC_LOCK lifts it)"), "{log}");
     assert_eq!(p.memory_max, limit_mib << 20, "the cgroup's memory.max is the spec's limit");
-    assert!(p.memory_peak > DEFAULT_MEMLOCK && p.memory_peak < p.memory_max, "peak {} of {}", p.memory_peak, p.memory_max);
+    assert!(
+        p.memory_peak > DEFAULT_MEMLOCK && p.memory_peak < p.memory_max,
+        "peak {} of {}",
+        p.memory_peak,
+        p.memory_max
+    );
 }
 
 /// The client's termination message and both pods' logs through `summarize`.
@@ -97,19 +102,26 @@ fn limit_mib(job: &Value) -> u64 {
     kubelet::quantity_bytes(limit) >> 20
 }
 
+/// Runs a pair Job's two pods, pod 0 on node b and pod 1 on node a, and checks that both
+/// pass as a pair; returns them for the mode's own checks.
+fn passing_pair(job: &Value, workload: &str, limit: Duration) -> Vec<Finished> {
+    let pods = run_job(job, &[&NODE_B, &NODE_A], limit);
+    let memory = limit_mib(job);
+    check_pod(&pods[0], &NODE_B, memory);
+    check_pod(&pods[1], &NODE_A, memory);
+    check_pair(&pods, workload, NODE_A.devices.len());
+    pods
+}
+
 /// VKE exclusive, two NICs per pod, the acceptance workload: every rail of each pod
 /// measured to its peer's, the largest buffers registered with only CAP_IPC_LOCK.
 #[test]
 fn lab_pods_vke_exclusive_two_nics_pass_acceptance_under_crun_with_least_privilege() {
-    let job = lab_job(&["--platform", "vke", "--mode", "exclusive", "--nics", "2", "--workload", "acceptance"]);
-    let pods = run_job(&job, &[&NODE_B, &NODE_A], Duration::from_secs(600));
-    let limit = limit_mib(&job);
-    check_pod(&pods[0], &NODE_B, limit);
-    check_pod(&pods[1], &NODE_A, limit);
+    let job = render_for_lab(&["--platform", "vke", "--mode", "exclusive", "--nics", "2", "--workload", "acceptance"]);
+    let pods = passing_pair(&job, "acceptance", Duration::from_secs(600));
     let client = log(&pods[1]);
     assert!(client.contains("PASS  exclusive-nic") && client.contains("topology-file"), "{client}");
     assert!(client.contains(" rail 1: rxea1") && client.contains("-> rxeb1"), "both rails, pod to pod: {client}");
-    check_pair(&pods, "acceptance", 2);
 }
 
 /// VKE shared-host: the pod sees every NIC of its node (IPVLAN sub-interfaces there; a
@@ -117,33 +129,26 @@ fn lab_pods_vke_exclusive_two_nics_pass_acceptance_under_crun_with_least_privile
 /// node's two NICs, holds both rails' buffers.
 #[test]
 fn lab_pods_vke_shared_host_sees_every_nic_of_its_node_under_crun() {
-    let job = lab_job(&["--platform", "vke", "--mode", "shared-host", "--machine-nics", "2", "--workload", "smoke"]);
-    let pods = run_job(&job, &[&NODE_B, &NODE_A], Duration::from_secs(300));
-    let limit = limit_mib(&job);
-    check_pod(&pods[0], &NODE_B, limit);
-    check_pod(&pods[1], &NODE_A, limit);
+    let args = ["--platform", "vke", "--mode", "shared-host", "--machine-nics", "2", "--workload", "smoke"];
+    let pods = passing_pair(&render_for_lab(&args), "smoke", Duration::from_secs(300));
     assert!(log(&pods[1]).contains("PASS  ipvlan"), "{}", log(&pods[1]));
-    check_pair(&pods, "smoke", 2);
 }
 
 /// ACK shared rdma/hca on the node's network: hostNetwork, IPC_LOCK and SYS_RESOURCE.
 #[test]
 fn lab_pods_ack_shared_hostnet_passes_under_crun() {
-    let job = lab_job(&["--platform", "ack", "--mode", "shared-hostnet", "--machine-nics", "2", "--workload", "smoke"]);
+    let args = ["--platform", "ack", "--mode", "shared-hostnet", "--machine-nics", "2", "--workload", "smoke"];
+    let job = render_for_lab(&args);
     assert_eq!(job["spec"]["template"]["spec"]["hostNetwork"], true);
-    let pods = run_job(&job, &[&NODE_B, &NODE_A], Duration::from_secs(300));
-    let limit = limit_mib(&job);
-    check_pod(&pods[0], &NODE_B, limit);
-    check_pod(&pods[1], &NODE_A, limit);
+    let pods = passing_pair(&job, "smoke", Duration::from_secs(300));
     assert!(log(&pods[1]).contains("PASS  cap-sys-resource"), "{}", log(&pods[1]));
-    check_pair(&pods, "smoke", 2);
 }
 
 /// The same pod without IPC_LOCK: registration is refused under the 64 KiB limit, and the
 /// pod says so and why.
 #[test]
 fn lab_pods_a_pod_without_ipc_lock_fails_with_the_memlock_error() {
-    let mut job = lab_job(&["--platform", "vke", "--mode", "exclusive", "--nics", "2", "--workload", "smoke"]);
+    let mut job = render_for_lab(&["--platform", "vke", "--mode", "exclusive", "--nics", "2", "--workload", "smoke"]);
     let caps = &mut job["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"];
     caps["add"] = serde_json::json!([]);
     let pod = run_job(&job, &[&NODE_B], Duration::from_secs(120)).remove(0);
@@ -154,5 +159,9 @@ fn lab_pods_a_pod_without_ipc_lock_fails_with_the_memlock_error() {
         log.contains("the locked-memory limit (ulimit -l) is 64.0 KiB and this process lacks CAP_IPC_LOCK"),
         "the memlock error names the limit and the capability:\n{log}"
     );
-    assert!(pod.termination_message.contains("validate --profile vke-exclusive failed (exit 1)"), "{}", pod.termination_message);
+    assert!(
+        pod.termination_message.contains("validate --profile vke-exclusive failed (exit 1)"),
+        "{}",
+        pod.termination_message
+    );
 }
