@@ -92,6 +92,15 @@ fn help_lists_perftest_flags() {
     }
 }
 
+/// `--machine-nics`' help states the default that sizes whole-node pods, which lives in
+/// the code as `k8s::WHOLE_NODE_NICS`.
+#[test]
+fn render_help_states_the_whole_node_default() {
+    let out = Command::new(BIN).args(["k8s", "render", "--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(text.contains(&format!("default: {})", rdmabench::k8s::WHOLE_NODE_NICS)), "{text}");
+}
+
 mod fixture_trees {
     use super::*;
     use rdmabench::validate::fixture::{self, Nic, Process};

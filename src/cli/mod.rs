@@ -667,7 +667,7 @@ pub struct RenderArgs {
     /// TCP port of the control channel: pod i listens on PORT + i.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     pub port: u16,
-    /// The pods' rails (RDMABENCH_RAILS), with several NICs per pod.
+    // The pods' RDMABENCH_RAILS, with several NICs per pod; the help is run's.
     #[arg(long = "rails", default_value = "concurrent", value_name = "MODE", help = crate::spec::rails::RAIL_MODE_HELP)]
     pub rails: RailMode,
     /// Set a threshold parameter of the workload for the pods' run: NAME=VALUE (repeatable),

@@ -392,6 +392,7 @@ mod tests {
             assert_eq!(token["valueFrom"]["secretKeyRef"]["key"], "token", "{path}");
             let limit = env("RDMABENCH_MEMORY_LIMIT_MIB");
             assert_eq!(limit["valueFrom"]["resourceFieldRef"]["resource"], "limits.memory", "{path}");
+            assert_eq!(limit["valueFrom"]["resourceFieldRef"]["divisor"], "1Mi", "{path}: the script reads MiB");
             let script = c["command"][2].as_str().unwrap();
             assert_eq!(script.matches("--max-memory \"$budget\"").count(), 3, "{path}: serve (twice) and run");
         }

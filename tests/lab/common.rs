@@ -399,17 +399,7 @@ pub fn pod(wrap: &[String], container: &Value, i: usize, base_port: &str, dir: &
     cmd.args(["-c", script]);
     // As the kubelet fills them: values, the Secret's token, the memory limit in MiB.
     for e in container["env"].as_array().unwrap() {
-        let value = match (&e["value"], &e["valueFrom"]) {
-            (Value::String(v), _) => v.clone(),
-            (_, from) if from["secretKeyRef"]["key"] == "token" => "lab-token-from-the-secret-0123".to_string(),
-            (_, from) if from["resourceFieldRef"]["resource"] == "limits.memory" => {
-                assert_eq!(from["resourceFieldRef"]["divisor"], "1Mi");
-                let limit = container["resources"]["limits"]["memory"].as_str().unwrap();
-                limit.strip_suffix("Mi").expect("a limit in Mi").to_string()
-            }
-            _ => panic!("an env entry the lab cannot fill: {e}"),
-        };
-        cmd.env(e["name"].as_str().unwrap(), value);
+        cmd.env(e["name"].as_str().unwrap(), super::kubelet::env_value(container, e, |_| None));
     }
     let bin_dir = std::path::Path::new(BIN).parent().unwrap().display().to_string();
     cmd.env("JOB_COMPLETION_INDEX", i.to_string())

@@ -30,6 +30,8 @@ const SECCOMP_PROFILE: &str = "/usr/share/containers/seccomp.json";
 /// What a container's processes may lock without CAP_IPC_LOCK: containerd passes on its
 /// own RLIMIT_MEMLOCK, which is the kernel's default of 64 KiB under systemd.
 pub const DEFAULT_MEMLOCK: u64 = 64 * 1024;
+/// The value of every Secret key a pod's env refers to (the control channel's token).
+pub const SECRET_TOKEN: &str = "lab-token-from-the-secret-0123";
 /// The capabilities containerd gives a container that neither adds nor drops any.
 const DEFAULT_CAPS: &[&str] = &[
     "CAP_CHOWN",
@@ -99,8 +101,6 @@ pub struct PodSpec<'a> {
     pub node: &'a Node,
     /// Every pod's IP by index: the headless Service's DNS records (`JOB-i.SERVICE`).
     pub pod_ips: &'a [&'a str],
-    /// The value of every Secret key the pod's env refers to.
-    pub secret: &'a str,
 }
 
 impl PodSpec<'_> {
@@ -125,14 +125,26 @@ impl PodSpec<'_> {
         format!("{}-{}", self.job_name(), self.index)
     }
 
-    fn memory_limit(&self) -> u64 {
-        let limit = self.container()["resources"]["limits"]["memory"].as_str().expect("a memory limit");
-        quantity_bytes(limit)
+    /// A fieldRef's value (downward API).
+    fn field(&self, path: &str) -> Option<String> {
+        Some(match path {
+            "metadata.name" => self.name(),
+            "metadata.namespace" => self.job["metadata"]["namespace"].as_str().unwrap_or("default").to_string(),
+            "spec.nodeName" => format!("lab-node-{}", self.node.ip),
+            "status.podIP" | "status.hostIP" => self.node.ip.to_string(),
+            p if p.contains("job-completion-index") => self.index.to_string(),
+            _ => return None,
+        })
     }
 }
 
+/// A container's memory limit, bytes.
+pub fn memory_limit(container: &Value) -> u64 {
+    quantity_bytes(container["resources"]["limits"]["memory"].as_str().expect("a memory limit"))
+}
+
 /// A Kubernetes quantity of bytes ("416Mi", "8Gi", "1G", "512").
-pub fn quantity_bytes(q: &str) -> u64 {
+fn quantity_bytes(q: &str) -> u64 {
     let units = [
         ("Ki", 1u64 << 10),
         ("Mi", 1 << 20),
@@ -217,29 +229,26 @@ pub fn runtime_default_seccomp(caps: &[String]) -> Value {
     })
 }
 
-/// The value of one env entry, as the kubelet resolves it.
-fn env_value(pod: &PodSpec, e: &Value) -> String {
+/// The value of env entry `e` of `container`, as the kubelet resolves it: a value, the
+/// Secret's token, the memory limit in the divisor's units (rounded up), or a fieldRef
+/// that `field` answers (None: the caller has no pod fields).
+pub fn env_value(container: &Value, e: &Value, field: impl Fn(&str) -> Option<String>) -> String {
     if let Some(v) = e["value"].as_str() {
         return v.to_string();
     }
     let from = &e["valueFrom"];
     if from["secretKeyRef"].is_object() {
-        return pod.secret.to_string();
+        return SECRET_TOKEN.to_string();
     }
     if let Some(resource) = from["resourceFieldRef"]["resource"].as_str() {
         assert_eq!(resource, "limits.memory", "a resource the lab fills: {e}");
         let divisor = from["resourceFieldRef"]["divisor"].as_str().map_or(1, quantity_bytes);
-        // The kubelet rounds up.
-        return pod.memory_limit().div_ceil(divisor).to_string();
+        return memory_limit(container).div_ceil(divisor).to_string();
     }
-    match from["fieldRef"]["fieldPath"].as_str() {
-        Some("metadata.name") => pod.name(),
-        Some("metadata.namespace") => pod.job["metadata"]["namespace"].as_str().unwrap_or("default").to_string(),
-        Some("spec.nodeName") => format!("lab-node-{}", pod.node.ip),
-        Some("status.podIP") | Some("status.hostIP") => pod.node.ip.to_string(),
-        Some(p) if p.contains("job-completion-index") => pod.index.to_string(),
-        _ => panic!("an env entry the lab cannot fill: {e}"),
-    }
+    from["fieldRef"]["fieldPath"]
+        .as_str()
+        .and_then(field)
+        .unwrap_or_else(|| panic!("an env entry the lab cannot fill: {e}"))
 }
 
 /// `/etc/hosts` of the pod: localhost, the pod itself, and the headless Service's records
@@ -297,7 +306,7 @@ pub fn oci_config(pod: &PodSpec, bundle: &Path) -> Value {
     let mut env = image.env.clone();
     env.push(format!("HOSTNAME={}", pod.name()));
     for e in c["env"].as_array().unwrap() {
-        env.push(format!("{}={}", e["name"].as_str().unwrap(), env_value(pod, e)));
+        env.push(format!("{}={}", e["name"].as_str().unwrap(), env_value(c, e, |path| pod.field(path))));
     }
     // The Job controller adds the index to every container of an Indexed Job.
     env.push(format!("JOB_COMPLETION_INDEX={}", pod.index));
@@ -349,7 +358,7 @@ pub fn oci_config(pod: &PodSpec, bundle: &Path) -> Value {
         if volume["emptyDir"]["medium"] == "Memory" {
             // A memory-backed emptyDir is a tmpfs sized by its sizeLimit, else by the pod's
             // memory limit (the kubelet's SizeMemoryBackedVolumes).
-            let size = volume["emptyDir"]["sizeLimit"].as_str().map_or(pod.memory_limit(), quantity_bytes);
+            let size = volume["emptyDir"]["sizeLimit"].as_str().map_or(memory_limit(c), quantity_bytes);
             mounts.push(json!({ "destination": dest, "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777", format!("size={size}")] }));
         } else if volume["emptyDir"].is_object() {
             let dir = bundle.join(format!("volume-{}", name.as_str().unwrap()));
@@ -390,7 +399,7 @@ pub fn oci_config(pod: &PodSpec, bundle: &Path) -> Value {
     if !pod.host_network() {
         namespaces.push(json!({ "type": "uts" }));
     }
-    let limit = pod.memory_limit();
+    let limit = memory_limit(c);
     let mut linux = json!({
         "namespaces": namespaces,
         "cgroupsPath": format!("/{CGROUP_PARENT}/{}", pod.name()),
@@ -554,11 +563,11 @@ impl Running {
         if killed {
             stderr.push_str(&format!("\n(the lab killed pod {} at its deadline)\n", self.name));
         }
+        let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
         let (max, peak) = (self.max.load(Ordering::Relaxed), self.peak.load(Ordering::Relaxed));
         let summary = format!(
-            "{}: exit {}, memory.peak {:.1} MiB of memory.max {:.1} MiB\n",
+            "{}: exit {code}, memory.peak {:.1} MiB of memory.max {:.1} MiB\n",
             self.name,
-            status.code().unwrap_or(-1),
             peak as f64 / (1 << 20) as f64,
             max as f64 / (1 << 20) as f64
         );
@@ -570,11 +579,7 @@ impl Running {
             .and_then(|mut f| f.write_all(summary.as_bytes()));
         Finished {
             name: self.name.clone(),
-            out: Out {
-                code: status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
-                stdout: read("stdout"),
-                stderr,
-            },
+            out: Out { code, stdout: read("stdout"), stderr },
             termination_message: std::fs::read_to_string(self.bundle.join("termination-log")).unwrap_or_default(),
             memory_max: max,
             memory_peak: peak,

@@ -5,10 +5,10 @@
 
 use super::common::*;
 use super::kubelet::{self, DEFAULT_MEMLOCK, Finished, Node, PodSpec};
+use super::rails::RAILS_SERVER;
 
-const NODE_B: Node = Node { ip: "10.90.1.1", devices: &["rxeb0", "rxeb1"] };
+const NODE_B: Node = Node { ip: RAILS_SERVER, devices: &["rxeb0", "rxeb1"] };
 const NODE_A: Node = Node { ip: "10.90.0.1", devices: &["rxea0", "rxea1"] };
-const SECRET: &str = "lab-token-from-the-secret-0123";
 /// The platforms' thresholds (k8s-jobs/README.md) ask for a real NIC's speed: the lab's
 /// acceptance Job gets the workload's own lab values instead, as `--param`s.
 const LAB_PARAMS: &[&str] = &[
@@ -58,7 +58,7 @@ fn run_job(job: &Value, nodes: &[&Node], limit: Duration) -> Vec<Finished> {
     let running: Vec<kubelet::Running> = nodes
         .iter()
         .enumerate()
-        .map(|(index, node)| kubelet::start(&PodSpec { job, index, node, pod_ips: &ips, secret: SECRET }))
+        .map(|(index, node)| kubelet::start(&PodSpec { job, index, node, pod_ips: &ips }))
         .collect();
     let deadline = Instant::now() + limit;
     running.into_iter().map(|r| r.wait(deadline)).collect()
@@ -70,13 +70,13 @@ fn log(p: &Finished) -> String {
 
 /// What every pod of a passing pair shows: validate passed on exactly its node's devices,
 /// with CAP_IPC_LOCK over the runtime's 64 KiB memlock limit, under its memory limit.
-fn check_pod(p: &Finished, node: &Node, limit_mib: u64) {
+fn check_pod(p: &Finished, node: &Node, limit: u64) {
     let log = log(p);
     assert_eq!(p.out.code, 0, "pod {}:\n{log}", p.name);
     let visible = format!("{} usable ({}) of 4 visible", node.devices.len(), node.devices.join(", "));
     assert!(log.contains(&visible), "only the pod's /dev/infiniband nodes ({visible}):\n{log}");
     assert!(log.contains("PASS  cap-ipc-lock") && log.contains("64.0 KiB (CAP_IPC_LOCK lifts it)"), "{log}");
-    assert_eq!(p.memory_max, limit_mib << 20, "the cgroup's memory.max is the spec's limit");
+    assert_eq!(p.memory_max, limit, "the cgroup's memory.max is the spec's limit");
     assert!(
         p.memory_peak > DEFAULT_MEMLOCK && p.memory_peak < p.memory_max,
         "peak {} of {}",
@@ -97,16 +97,11 @@ fn check_pair(pods: &[Finished], workload: &str, rails: usize) {
     assert!(s.stdout.contains(&format!("1 link(s), 0 failed; {rails} rail(s), 0 failed")), "{}", s.stdout);
 }
 
-fn limit_mib(job: &Value) -> u64 {
-    let limit = job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"].as_str().unwrap();
-    kubelet::quantity_bytes(limit) >> 20
-}
-
 /// Runs a pair Job's two pods, pod 0 on node b and pod 1 on node a, and checks that both
 /// pass as a pair; returns them for the mode's own checks.
 fn passing_pair(job: &Value, workload: &str, limit: Duration) -> Vec<Finished> {
     let pods = run_job(job, &[&NODE_B, &NODE_A], limit);
-    let memory = limit_mib(job);
+    let memory = kubelet::memory_limit(&job["spec"]["template"]["spec"]["containers"][0]);
     check_pod(&pods[0], &NODE_B, memory);
     check_pod(&pods[1], &NODE_A, memory);
     check_pair(&pods, workload, NODE_A.devices.len());
