@@ -24,11 +24,12 @@
 //! | session | session | control channel: frames, handshake, deadlines, peer loss |
 //! | report | report | tables, JSON, JUnit, SVG from plain result types |
 //! | verbs | verbs | the only binding to libibverbs and rdma_cm |
-//! | base | spec, stats, units, names, error, signals | what a test is; clock, histograms; units; names shown and sent; errors; signals |
+//! | base | spec, stats, units, names, error, signals, faults | what a test is; clock, histograms; units; names shown and sent; errors; signals; fault points for the lab |
 
 pub mod bench;
 pub mod cli;
 pub mod error;
+pub mod faults;
 pub mod fleet;
 pub mod k8s;
 pub mod link;

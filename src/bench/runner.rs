@@ -890,6 +890,9 @@ impl RailServer<'_> {
                     }
                     let counters_before = (!warmup).then(|| links[0].counters());
                     chan.send(&Message::Ready { size })?;
+                    if !warmup {
+                        crate::faults::stall_at(crate::faults::SERVER_RUN);
+                    }
                     let cpu = CpuMeter::start();
                     let runs: Vec<SizeRun> = links
                         .iter()

@@ -5,6 +5,11 @@
 //!
 //! New connections are greeted and must join with the token's proof; a node that joins
 //! is the barrier's to judge (its plan, its index, whether the fleet began without it).
+//!
+//! Liveness both ways: the coordinator sends every joined node a heartbeat from this loop
+//! (no thread per node), and each node's keepalive speaks to it; a node silent for
+//! `--timeout` has left, named as a two-host session names a silent peer (a stopped
+//! process whose host still answers, or a host down or cut off).
 
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
@@ -12,6 +17,7 @@ use std::time::{Duration, Instant};
 use super::barrier::{Action, Barrier, Outcome};
 use crate::error::{Error, Result};
 use crate::session::auth::Token;
+use crate::session::channel::heartbeat_every;
 use crate::session::{Channel, Listener, Message, PeerPoll, handshake};
 use crate::signals;
 
@@ -40,6 +46,8 @@ impl Coordinator {
     /// Runs the fleet until the barrier says it is over; `start` is the barrier's time 0.
     pub fn run(mut self, start: Instant) -> Result<Outcome> {
         let mut links = Links { nodes: (0..self.barrier.nodes()).map(|_| None).collect(), start };
+        let beat_every = heartbeat_every(self.timeout);
+        let mut last_beat = Instant::now();
         let mut openings: Vec<Opening> = Vec::new();
         while !self.barrier.is_done() {
             if let Err(e) = signals::check() {
@@ -48,6 +56,10 @@ impl Coordinator {
             }
             let acts = self.barrier.tick(links.now());
             links.perform(&mut self.barrier, acts);
+            if last_beat.elapsed() >= beat_every {
+                last_beat = Instant::now();
+                links.beat(&mut self.barrier, self.timeout);
+            }
             if self.barrier.is_done() {
                 break;
             }
@@ -104,7 +116,7 @@ impl Coordinator {
     /// How long poll may sleep: until the barrier's deadline or an opening's, and no
     /// longer than a signal may wait to be seen.
     fn next_wake(&self, links: &Links, openings: &[Opening]) -> Duration {
-        let mut wait = SIGNAL_CHECK;
+        let mut wait = SIGNAL_CHECK.min(heartbeat_every(self.timeout));
         if let Some(d) = self.barrier.next_deadline() {
             wait = wait.min(d.saturating_sub(links.now()));
         }
@@ -185,6 +197,19 @@ impl Links {
         self.start.elapsed()
     }
 
+    /// Closes node `node`'s connection aside: a clean close waits for the peer's own
+    /// (`Drop for Channel`), which a lost or stuck node may never send, and the barrier's
+    /// loop must not wait on it.
+    fn close(&mut self, node: u32) {
+        if let Some(chan) = self.nodes[node as usize].take() {
+            let closing = std::thread::Builder::new().name("closing".into()).spawn(move || drop(chan));
+            // No thread to spare: closed here, within the close's own bound.
+            if let Err(e) = closing {
+                eprintln!("rdmabench: fleet: closing node {node}'s connection in the barrier's loop: {e}");
+            }
+        }
+    }
+
     fn live_fds(&self) -> Vec<(u32, RawFd)> {
         self.nodes.iter().enumerate().filter_map(|(i, c)| c.as_ref().map(|c| (i as u32, c.raw_fd()))).collect()
     }
@@ -199,11 +224,32 @@ impl Links {
                 }
                 Ok(PeerPoll::Message(other)) => barrier.out_of_turn(node, other.kind(), self.now()),
                 Err(e) => {
-                    self.nodes[node as usize] = None;
+                    self.close(node);
                     barrier.lost(node, e.message(), self.now())
                 }
             };
             self.perform(barrier, acts);
+        }
+    }
+
+    /// A heartbeat to every joined node; a node silent for `timeout` (not even its
+    /// keepalive) or whose connection is gone has left, and the barrier hears why.
+    fn beat(&mut self, barrier: &mut Barrier, timeout: Duration) {
+        for node in 0..self.nodes.len() {
+            let Some(chan) = self.nodes[node].as_mut() else { continue };
+            chan.doing("coordinating the fleet");
+            let why = match chan.beat() {
+                Err(e) => Some(e.message()),
+                // Only silence: a node's session with the coordinator stands still while it
+                // measures, which its partners' sessions and the step's deadline judge.
+                Ok(()) if chan.silent_for() >= timeout => Some(chan.silence("its arrival or a heartbeat").message()),
+                Ok(()) => None,
+            };
+            if let Some(why) = why {
+                self.close(node as u32);
+                let acts = barrier.lost(node as u32, why, self.now());
+                self.perform(barrier, acts);
+            }
         }
     }
 
@@ -217,14 +263,15 @@ impl Links {
                     Action::Send { node, task } => {
                         let Some(chan) = self.nodes[node as usize].as_mut() else { continue };
                         if let Err(e) = chan.send(&Message::Task(task)) {
-                            self.nodes[node as usize] = None;
+                            self.close(node);
                             more.extend(barrier.lost(node, e.message(), self.now()));
                         }
                     }
                     Action::Dismiss { node, why } => {
-                        if let Some(mut chan) = self.nodes[node as usize].take() {
+                        if let Some(chan) = self.nodes[node as usize].as_mut() {
                             eprintln!("rdmabench: fleet: node {node} {why}");
                             chan.abort(&Error::Peer(format!("the fleet's barrier dismissed node {node}: it {why}")));
+                            self.close(node);
                         }
                     }
                     Action::Done => {}

@@ -121,35 +121,66 @@ pub fn run(cfg: &NodeConfig, opts: &RunOptions) -> Result<NodeOutcome> {
         let failed = move |e: &Error| failures.lock().expect("no poisoning").push(e.message());
         std::thread::spawn(move || runner::serve_workload_at(door, &o, &failed))
     };
-    let outcome = take_tasks(cfg, opts, &fingerprint, whole, &failures);
-    // This node's server ends with a finish from this node, as a workload's would.
-    let mut finishing = serving.clone();
-    finishing.connect_timeout = Duration::from_secs(5);
-    let _ = runner::finish_workload(&cfg.peers[cfg.index as usize], &finishing);
-    let served = server.join().unwrap_or_else(|_| Err(Error::Check("this node's server panicked".into())));
-    let mine = outcome?;
-    if let Err(e) = served {
-        return Err(e.context("this node's server stopped"));
-    }
+    let outcome = take_tasks(cfg, opts, &fingerprint, &failures);
+    // Node 0's verdict first: the coordinator ends with the barrier, whatever this node's
+    // own server is doing (a stuck one must not hold the fleet's verdict).
     let barrier = match coordinator {
         Some(h) => Some(h.join().map_err(|_| Error::Check("the fleet's barrier panicked".into()))??),
         None => None,
     };
+    let mine = outcome?;
+    // This node's server ends with a finish from this node, as a workload's would; one
+    // that does not stop within SERVER_STOP is left behind and said so.
+    let mut finishing = serving.clone();
+    finishing.connect_timeout = FINISH_CONNECT;
+    let _ = runner::finish_workload(&cfg.peers[cfg.index as usize], &finishing);
+    let served = join_within(server, opts.timeout + SERVER_STOP);
+    match (served, &barrier) {
+        (Ok(()), _) => {}
+        // Node 0 still gives the verdict: its partners' rows already judge its server.
+        (Err(e), Some(_)) => eprintln!("rdmabench: fleet: {}", e.context("this node's server stopped")),
+        (Err(e), None) => return Err(e.context("this node's server stopped")),
+    }
     Ok(NodeOutcome { rows: mine, barrier })
+}
+
+/// How long a node tries to reach its own server to tell it the fleet is over.
+const FINISH_CONNECT: Duration = Duration::from_secs(5);
+/// How long a node's server may take to stop after the finish, beyond `--timeout`.
+const SERVER_STOP: Duration = Duration::from_secs(3);
+
+/// The longest node 0 takes, after the fleet's last step ends, to print its verdict:
+/// reaching its own server, its greeting (`--timeout`), and the server's stop.
+pub fn verdict_within(timeout: Duration) -> Duration {
+    FINISH_CONNECT + 2 * timeout + SERVER_STOP
+}
+
+/// Joins this node's serving thread, or gives up on it after `within` (a stuck session:
+/// the process exits without it).
+fn join_within(server: std::thread::JoinHandle<Result<()>>, within: Duration) -> Result<()> {
+    let until = Instant::now() + within;
+    while !server.is_finished() {
+        if Instant::now() >= until {
+            return Err(Error::Peer(format!(
+                "it did not stop within {:.0} s of the fleet's end (a session stuck in it); left behind",
+                within.as_secs_f64()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server.join().unwrap_or_else(|_| Err(Error::Check("this node's server panicked".into())))
 }
 
 /// The node's loop: join, then arrive -> task -> do it, until the coordinator says the
 /// fleet is over. Each measured pair's row is printed here, once.
-fn take_tasks(
-    cfg: &NodeConfig,
-    opts: &RunOptions,
-    fingerprint: &str,
-    whole: Duration,
-    failures: &Failures,
-) -> Result<Vec<PairRow>> {
+fn take_tasks(cfg: &NodeConfig, opts: &RunOptions, fingerprint: &str, failures: &Failures) -> Result<Vec<PairRow>> {
     let n = cfg.plan.nodes;
     let mut chan = Channel::connect(&cfg.peers[0], cfg.barrier_port(), cfg.join_timeout, opts.timeout)?;
     handshake::join(&mut chan, cfg.index, n, fingerprint, opts.token.as_ref())?;
+    // Each side hears the other for the whole fleet: the coordinator beats from its loop,
+    // this node from a keepalive, so a coordinator that vanished (killed, host down, link
+    // cut) is named within --timeout, not after the plan's length.
+    chan.keep_alive();
     let (mut mine, mut last, mut records) = (Vec::new(), Vec::new(), Vec::new());
     // The pair measured in an earlier phase, whose row is not due yet.
     let mut pending: Option<PairRow> = None;
@@ -160,7 +191,7 @@ fn take_tasks(
     loop {
         let (rows, served) = (std::mem::take(&mut last), std::mem::take(&mut records));
         chan.send(&Message::Arrive { step, rows, served })?;
-        let Task { work, .. } = match chan.recv_within("this node's task in the fleet", whole)? {
+        let Task { work, .. } = match chan.recv("this node's task from the fleet's coordinator")? {
             Message::Task(t) if t.step == step => t,
             Message::Refuse { code, message } => {
                 return Err(Error::from_code(code, format!("the fleet's barrier refused this node: {message}")));

@@ -144,7 +144,16 @@ fn check_peer(chan: &mut Channel, waited: u64, timeout_ns: u64, waiting_for: &st
 pub fn check_waited(chan: &Channel, waited_ns: u64, patience_ns: u64, waiting_for: &str) -> Result<()> {
     chan.check_alive(waiting_for)?;
     if waited_ns >= patience_ns {
-        return Err(if chan.quiet() { chan.silence(waiting_for) } else { stalled(chan, patience_ns, waiting_for) });
+        let patience = std::time::Duration::from_nanos(patience_ns);
+        return Err(if chan.quiet() {
+            chan.silence(waiting_for)
+        } else if let Some(stuck) = chan.standing_still(patience, waiting_for) {
+            // The peer's process lives but its session stood still all along: it, not the
+            // RDMA path, is what stopped.
+            stuck
+        } else {
+            stalled(chan, patience_ns, waiting_for)
+        });
     }
     Ok(())
 }

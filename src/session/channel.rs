@@ -1,10 +1,20 @@
 //! The TCP side of the session: connect with retries, accept with a deadline, send and
 //! receive frames with a deadline on every wait, and a non-blocking peek used by the
 //! measurement loops to notice a dead peer or an abort without slowing the hot path.
+//!
+//! Liveness has two parts. A keepalive thread sends heartbeats for the whole session, so a
+//! silent peer (dead process, host down, link cut) is named within `--timeout`. Each
+//! heartbeat also says how long the sender's session thread has not moved and what it was
+//! doing: a peer whose process answers but whose session is stuck (a driver call that
+//! never returns, a deadlock) is named within [`stuck_after`]. A session ends with a
+//! half-close and a drain ([`Channel`]'s `Drop`), never a close over unread input, which
+//! Linux answers with a reset that can lose the last message.
 
 use std::io::{ErrorKind, Read, Write};
+use std::net::Shutdown;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -25,6 +35,76 @@ pub fn heartbeat_every(timeout: Duration) -> Duration {
     (timeout / 4).clamp(Duration::from_millis(10), HEARTBEAT_EVERY)
 }
 
+/// A peer whose heartbeats say its session has not moved for this many `--timeout`s is
+/// named stuck.
+pub const STUCK_TIMEOUTS: u32 = 6;
+
+/// How long a peer's session may stand still while its process still answers (60 s at the
+/// default `--timeout` of 10 s). Generous: a session moves whenever its thread sends,
+/// reads or looks at the channel, which every wait does at least every 10 ms, and every
+/// bandwidth or latency loop every 1024 waits; what stands still is a thread blocked
+/// outside rdmabench (registering a very large buffer, a driver call that never returns).
+pub fn stuck_after(timeout: Duration) -> Duration {
+    timeout * STUCK_TIMEOUTS
+}
+
+/// The longest a closing side waits for its peer to close too (see `Drop for Channel`).
+const LINGER: Duration = Duration::from_secs(2);
+
+/// What this side's session thread is doing and when it last moved; the keepalive reads
+/// it into every heartbeat.
+struct Motion {
+    epoch: Instant,
+    /// Milliseconds after `epoch` of the last move.
+    moved_ms: AtomicU64,
+    doing: Mutex<String>,
+}
+
+impl Motion {
+    fn new() -> Motion {
+        Motion { epoch: Instant::now(), moved_ms: AtomicU64::new(0), doing: Mutex::new("starting".into()) }
+    }
+
+    fn mark(&self, doing: &str) {
+        self.moved_ms.store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        if let Ok(mut d) = self.doing.lock()
+            && *d != doing
+        {
+            d.clear();
+            d.push_str(doing);
+        }
+    }
+
+    fn still(&self) -> Duration {
+        self.epoch.elapsed().saturating_sub(Duration::from_millis(self.moved_ms.load(Ordering::Relaxed)))
+    }
+
+    fn heartbeat(&self) -> Message {
+        let doing = self.doing.lock().map(|d| d.clone()).unwrap_or_default();
+        Message::Heartbeat { doing, still_ms: self.still().as_millis() as u64 }
+    }
+}
+
+/// What the peer's last heartbeat said of its session.
+#[derive(Debug, Clone)]
+struct PeerMotion {
+    /// How long it had stood still when it sent the heartbeat.
+    still: Duration,
+    doing: String,
+    /// When the heartbeat arrived.
+    at: Instant,
+}
+
+impl PeerMotion {
+    /// How long it has stood still by now, as far as this side knows.
+    fn still_now(&self) -> Duration {
+        self.still + self.at.elapsed()
+    }
+}
+
+/// The longest text of a peer's `doing` kept (a peer may send anything).
+const DOING_MAX: usize = 160;
+
 pub struct Channel {
     /// Read by this side's waits; written only through `writer`.
     stream: TcpStream,
@@ -41,6 +121,14 @@ pub struct Channel {
     keepalive: Option<Keepalive>,
     /// Waits of a hot loop since the channel opened (see `note_wait`).
     waits: u32,
+    /// This side's session thread: when it last moved, and what it does.
+    motion: Arc<Motion>,
+    /// What the peer's last heartbeat said.
+    peer_motion: Option<PeerMotion>,
+    /// Set when a frame was cut short on the wire: nothing more may be written.
+    broken: Arc<AtomicBool>,
+    /// Why this side's keepalive stopped, if it did.
+    keepalive_stopped: Arc<Mutex<Option<String>>>,
 }
 
 /// A hot loop reads its channel at least once every this many waits.
@@ -49,7 +137,8 @@ const DRAIN_EVERY: u32 = 1024;
 /// A thread that sends a heartbeat every `heartbeat_every(--timeout)` for the whole
 /// session, apart from the data path: the peer hears this side while it posts, waits for
 /// completions, registers a large buffer or writes its results, so `--timeout` bounds how
-/// long a side may be silent, never how long a run may be. Stops when dropped.
+/// long a side may be silent, never how long a run may be. A beat is written only whole
+/// ([`write_beat`]); stops when dropped.
 struct Keepalive {
     stop: Option<mpsc::Sender<()>>,
     thread: Option<JoinHandle<()>>,
@@ -214,7 +303,29 @@ impl Channel {
             last_heard: Instant::now(),
             keepalive: None,
             waits: 0,
+            motion: Arc::new(Motion::new()),
+            peer_motion: None,
+            broken: Arc::default(),
+            keepalive_stopped: Arc::default(),
         })
+    }
+
+    /// Notes that this side's session moved, doing `doing`: what its heartbeats report
+    /// while it stands still (a long local step says what it is before it begins).
+    pub fn doing(&self, doing: &str) {
+        self.motion.mark(doing);
+    }
+
+    /// One heartbeat, now, if the socket has room for it whole (a caller without a
+    /// keepalive thread, such as a fleet's coordinator, beats from its own loop). Err only
+    /// when the connection is lost.
+    pub fn beat(&self) -> Result<()> {
+        let beat = frame::encode(&self.motion.heartbeat()).expect("a heartbeat encodes");
+        let mut w = self.writer.lock().map_err(|_| Error::Check("a writer of this channel panicked".into()))?;
+        match write_beat(&mut w, &beat, &self.broken) {
+            Err(e) => Err(Error::Peer(format!("lost the connection to {} while sending a heartbeat: {e}", self.peer))),
+            Ok(_) => Ok(()),
+        }
     }
 
     /// Starts this side's keepalive (once the session is authenticated: a stranger must
@@ -224,14 +335,20 @@ impl Channel {
             return;
         }
         let every = heartbeat_every(self.timeout);
-        let beat = frame::encode(&Message::Heartbeat).expect("a heartbeat encodes");
         let writer = Arc::clone(&self.writer);
+        let (motion, broken, why) =
+            (Arc::clone(&self.motion), Arc::clone(&self.broken), Arc::clone(&self.keepalive_stopped));
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new().name("keepalive".into()).spawn(move || {
             while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
+                let beat = frame::encode(&motion.heartbeat()).expect("a heartbeat encodes");
                 let Ok(mut w) = writer.lock() else { return };
-                // A failed write ends the keepalive; this side's own waits report the loss.
-                if w.write_all(&beat).is_err() {
+                // A lost connection ends the keepalive, saying why; this side's own waits
+                // report the loss. A full socket only skips the beat (written_or_skipped).
+                if let Err(e) = write_beat(&mut w, &beat, &broken) {
+                    if let Ok(mut why) = why.lock() {
+                        *why = Some(e.to_string());
+                    }
                     return;
                 }
             }
@@ -281,13 +398,50 @@ impl Channel {
     }
 
     /// Err when the peer has been silent for `--timeout` while this side waited for
-    /// `waiting_for`.
+    /// `waiting_for`, or its heartbeats say its session has stood still for
+    /// [`stuck_after`].
     pub fn check_alive(&self, waiting_for: &str) -> Result<()> {
         let silent = self.silent_for();
-        if silent < self.timeout {
-            return Ok(());
+        if silent >= self.timeout {
+            return Err(self.silent(waiting_for, silent));
         }
-        Err(self.silent(waiting_for, silent))
+        self.check_moving(waiting_for)
+    }
+
+    /// Err when the peer's last heartbeat says its session has not moved for
+    /// [`stuck_after`]: alive but stuck, named with what it was doing.
+    pub fn check_moving(&self, waiting_for: &str) -> Result<()> {
+        let bound = stuck_after(self.timeout);
+        match &self.peer_motion {
+            Some(m) if m.still_now() >= bound => Err(Error::Peer(format!(
+                "{} is alive but stuck: its heartbeats say its session has not moved for {:.1} s (it was {}), \
+                 over the {:.0} s allowed ({STUCK_TIMEOUTS} x --timeout), while this side waited for {waiting_for}",
+                self.peer,
+                m.still_now().as_secs_f64(),
+                m.doing,
+                bound.as_secs_f64()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Err-worthy when the peer's heartbeats say its session has stood still for at least
+    /// `waited` (all of a wait of this side's that ran out): the peer is alive but stuck.
+    pub fn standing_still(&self, waited: Duration, waiting_for: &str) -> Option<Error> {
+        let m = self.peer_motion.as_ref().filter(|m| m.still_now() >= waited)?;
+        Some(Error::Peer(format!(
+            "{} is alive but stuck: nothing came for {:.1} s while this side waited for {waiting_for}, and its \
+             heartbeats say its session has not moved for {:.1} s (it was {})",
+            self.peer,
+            waited.as_secs_f64(),
+            m.still_now().as_secs_f64(),
+            m.doing
+        )))
+    }
+
+    /// Why this side's keepalive stopped, if it did (the connection was lost).
+    pub fn keepalive_stopped(&self) -> Option<String> {
+        self.keepalive_stopped.lock().ok().and_then(|w| w.clone())
     }
 
     /// Whether the peer has missed two heartbeats: a wait that ran out while the peer is
@@ -373,9 +527,20 @@ impl Channel {
 
     pub fn send(&mut self, msg: &Message) -> Result<()> {
         let bytes = frame::encode(msg).map_err(|e| Error::Check(format!("cannot encode {}: {e}", msg.kind())))?;
+        self.motion.mark(msg.kind());
         let mut w = self.writer.lock().map_err(|_| Error::Check("the keepalive thread panicked".into()))?;
-        w.write_all(&bytes)
-            .map_err(|e| Error::Peer(format!("lost the connection to {} while sending {}: {e}", self.peer, msg.kind())))
+        if self.broken.load(Ordering::Relaxed) {
+            return Err(Error::Peer(format!(
+                "cannot send {} to {}: an earlier message was cut short on the wire",
+                msg.kind(),
+                self.peer
+            )));
+        }
+        w.write_all(&bytes).map_err(|e| {
+            // Part of the frame may be out: the stream's framing is lost for good.
+            self.broken.store(true, Ordering::Relaxed);
+            Error::Peer(format!("lost the connection to {} while sending {}: {e}", self.peer, msg.kind()))
+        })
     }
 
     /// Tells the peer why this side is giving up. Best effort: the peer may be gone.
@@ -404,10 +569,14 @@ impl Channel {
             return Ok(msg);
         }
         let mut deadline = Instant::now() + wait;
+        let doing = format!("waiting for {waiting_for}");
         loop {
+            self.motion.mark(&doing);
             if let Some(msg) = self.take_frame()? {
                 match msg {
-                    Message::Heartbeat => {
+                    Message::Heartbeat { .. } => {
+                        // Alive extends the wait; alive but stuck ends it.
+                        self.check_moving(waiting_for)?;
                         if heartbeats_extend {
                             deadline = Instant::now() + wait;
                         }
@@ -443,11 +612,12 @@ impl Channel {
     /// or aborted; `Message` for anything but a heartbeat. A whole message already read is
     /// returned first, even when the peer has closed the connection since.
     pub fn poll_peer(&mut self, during: &str) -> Result<PeerPoll> {
+        self.motion.mark(during);
         if let Some(msg) = self.kept.take() {
             return Ok(PeerPoll::Message(msg));
         }
         while let Some(msg) = self.take_frame()? {
-            if msg != Message::Heartbeat {
+            if !matches!(msg, Message::Heartbeat { .. }) {
                 return self.unless_abort(msg).map(PeerPoll::Message);
             }
         }
@@ -467,7 +637,7 @@ impl Channel {
         }
         loop {
             match self.take_frame()? {
-                Some(Message::Heartbeat) => continue,
+                Some(Message::Heartbeat { .. }) => continue,
                 Some(msg) => return self.unless_abort(msg).map(PeerPoll::Message),
                 None => return Ok(PeerPoll::Quiet),
             }
@@ -485,6 +655,11 @@ impl Channel {
             Ok(Some((msg, used))) => {
                 self.rbuf.drain(..used);
                 self.last_heard = Instant::now();
+                if let Message::Heartbeat { doing, still_ms } = &msg {
+                    let doing: String = doing.chars().take(DOING_MAX).collect();
+                    let still = Duration::from_millis(*still_ms);
+                    self.peer_motion = Some(PeerMotion { still, doing, at: Instant::now() });
+                }
                 Ok(Some(msg))
             }
             Ok(None) => Ok(None),
@@ -516,6 +691,55 @@ impl Channel {
     }
 }
 
+/// Writes one heartbeat frame whole, or not at all when the socket has no room for it now
+/// (the peer is not reading: a beat more would only wait in its buffer). Ok(false): skipped.
+/// A frame cut short (a write that failed part way) marks the stream `broken`.
+fn write_beat(w: &mut TcpStream, beat: &[u8], broken: &AtomicBool) -> std::io::Result<bool> {
+    if broken.load(Ordering::Relaxed) {
+        return Err(std::io::Error::other("an earlier message was cut short on the wire"));
+    }
+    let mut pfd = libc::pollfd { fd: w.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+    // SAFETY: one valid pollfd; a zero timeout never blocks.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    if n <= 0 || pfd.revents & libc::POLLOUT == 0 {
+        if pfd.revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+            return Err(std::io::Error::from(ErrorKind::ConnectionReset));
+        }
+        return Ok(false);
+    }
+    // POLLOUT on TCP means room for far more than a heartbeat: the write is whole.
+    w.write_all(beat).inspect_err(|_| broken.store(true, Ordering::Relaxed))?;
+    Ok(true)
+}
+
+impl Drop for Channel {
+    /// Ends the session cleanly: the keepalive stops, this side half-closes (its last
+    /// message goes out ahead of the FIN), then reads and discards what the peer still
+    /// sends until the peer closes too, for at most `LINGER`. A close over unread input
+    /// would make Linux answer with a reset, discarding what this side had not yet sent
+    /// (a server's goodbye, an abort's reason).
+    fn drop(&mut self) {
+        drop(self.keepalive.take());
+        if self.stream.shutdown(Shutdown::Write).is_err() {
+            return;
+        }
+        let deadline = Instant::now() + LINGER.min(self.timeout.max(Duration::from_millis(100)));
+        let mut tmp = [0u8; 4096];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.stream.set_read_timeout(Some(left.min(TICK))).is_err() {
+                return;
+            }
+            match self.stream.read(&mut tmp) {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
+                Err(_) => return,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -526,7 +750,9 @@ mod tests {
         let (mut c, mut s) = pair(Duration::from_millis(600));
         let beats = std::thread::spawn(move || {
             for _ in 0..20 {
-                if s.write_all(&frame::encode(&Message::Heartbeat).unwrap()).is_err() {
+                if s.write_all(&frame::encode(&Message::Heartbeat { doing: String::new(), still_ms: 0 }).unwrap())
+                    .is_err()
+                {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(100));
@@ -577,6 +803,80 @@ mod tests {
         let m = e.to_string();
         assert!(m.contains("not even a heartbeat") && m.contains("so its process is stopped or hung"), "{m}");
         drop(busy);
+    }
+
+    #[test]
+    fn a_session_ends_cleanly_though_the_peers_heartbeats_are_unread() {
+        // The shortest heartbeat period (10 ms): the closing side has read none of them
+        // when it sends its last message and closes, as a server's goodbye is sent.
+        for round in 0..200 {
+            let (mut closing, mut reading) = channels(Duration::from_millis(40));
+            closing.keep_alive();
+            reading.keep_alive();
+            std::thread::sleep(Duration::from_millis(25));
+            let closer = std::thread::spawn(move || {
+                closing.send(&Message::Bye).unwrap();
+                drop(closing);
+            });
+            // The reader takes its time, as a busy client does, and its keepalive goes on.
+            std::thread::sleep(Duration::from_millis(15));
+            match reading.recv_within("the server's goodbye", Duration::from_secs(5)) {
+                Ok(Message::Bye) => {}
+                other => panic!("round {round}: {other:?}"),
+            }
+            let after = reading.recv_within("nothing more", Duration::from_secs(5)).unwrap_err().to_string();
+            assert!(after.contains("closed the connection"), "round {round}: a reset, not a close: {after}");
+            drop(reading);
+            closer.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_peer_alive_but_stuck_is_named_with_what_it_was_doing() {
+        // timeout 200 ms: stuck after 1.2 s. The stuck side's keepalive runs; its session
+        // thread does nothing after saying what it does.
+        let (mut stuck, mut waiting) = channels(Duration::from_millis(200));
+        stuck.keep_alive();
+        waiting.keep_alive();
+        stuck.doing("registering 64 GiB");
+        let t = Instant::now();
+        let e = waiting.recv("the peer's verdict").unwrap_err();
+        let took = t.elapsed();
+        assert_eq!(e.exit_code(), 4);
+        let m = e.to_string();
+        assert!(m.contains("alive but stuck") && m.contains("registering 64 GiB") && m.contains("verdict"), "{m}");
+        assert!(took >= Duration::from_millis(1100) && took < Duration::from_millis(2500), "{took:?}");
+        // A wait that ran out while the peer stood still names the peer, not the path.
+        let e = waiting.standing_still(Duration::from_millis(500), "a completion").unwrap();
+        assert!(e.to_string().contains("alive but stuck"), "{e}");
+        drop(stuck);
+    }
+
+    #[test]
+    fn a_moving_peer_is_never_named_stuck() {
+        let (mut busy, mut waiting) = channels(Duration::from_millis(200));
+        busy.keep_alive();
+        waiting.keep_alive();
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(2000) {
+            busy.doing("the run");
+            waiting.watch("the run").unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        drop(busy);
+    }
+
+    #[test]
+    fn a_heartbeat_is_skipped_whole_when_the_socket_is_full() {
+        let (a, _b) = channels(Duration::from_secs(5));
+        let mut w = a.writer.lock().unwrap().try_clone().unwrap();
+        w.set_nonblocking(true).unwrap();
+        // Fill the socket: the peer reads nothing.
+        let chunk = vec![0u8; 65536];
+        while w.write(&chunk).is_ok() {}
+        let beat = frame::encode(&a.motion.heartbeat()).unwrap();
+        assert!(!write_beat(&mut w, &beat, &a.broken).unwrap(), "skipped");
+        assert!(!a.broken.load(Ordering::Relaxed));
     }
 
     #[test]
@@ -641,7 +941,7 @@ mod tests {
     fn poll_peer_is_quiet_then_sees_a_message_then_eof() {
         let (mut c, mut s) = pair(Duration::from_secs(5));
         assert!(matches!(c.poll_peer("test").unwrap(), PeerPoll::Quiet));
-        s.write_all(&frame::encode(&Message::Heartbeat).unwrap()).unwrap();
+        s.write_all(&frame::encode(&Message::Heartbeat { doing: String::new(), still_ms: 0 }).unwrap()).unwrap();
         s.write_all(&frame::encode(&Message::Bye).unwrap()).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         assert!(matches!(c.poll_peer("test").unwrap(), PeerPoll::Message(Message::Bye)));

@@ -27,7 +27,9 @@ use crate::verbs::endpoint::Endpoint;
 /// v5: a fleet node's arrival carries what it saw of the pair it served.
 /// v6: both sides of a session send heartbeats from a keepalive thread for its whole
 /// length, and judge the other dead by its silence.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// v7: a heartbeat says what its sender is doing and how long its session has not moved;
+/// a fleet's coordinator sends them to its nodes too.
+pub const PROTOCOL_VERSION: u32 = 7;
 pub const MAGIC: &str = "rdmabench";
 
 /// One session per rail: rail `index` of the client's `devices`, paired with the server's
@@ -89,8 +91,15 @@ pub enum Message {
     Ready {
         size: u64,
     },
-    /// Sent by the client while a kernel runs, so the server's wait has a live deadline.
-    Heartbeat,
+    /// Sent by each side's keepalive for the whole session: the sender is alive, and how
+    /// long its session's thread has not moved (`still_ms`) while it was `doing` something:
+    /// alive is not moving, and a peer alive but stuck is named (`session::channel`).
+    Heartbeat {
+        #[serde(default)]
+        doing: String,
+        #[serde(default)]
+        still_ms: u64,
+    },
     Done {
         size: u64,
         iterations: u64,
@@ -180,7 +189,7 @@ impl Message {
             Message::Endpoint(_) => "endpoint",
             Message::Start { .. } => "start",
             Message::Ready { .. } => "ready",
-            Message::Heartbeat => "heartbeat",
+            Message::Heartbeat { .. } => "heartbeat",
             Message::Done { .. } => "done",
             Message::Verdict { .. } => "verdict",
             Message::Report(_) => "report",
@@ -292,11 +301,12 @@ mod tests {
 
     #[test]
     fn two_frames_in_one_buffer_decode_in_order() {
-        let mut bytes = frame::encode(&Message::Heartbeat).unwrap();
+        let beat = Message::Heartbeat { doing: "the run".into(), still_ms: 3 };
+        let mut bytes = frame::encode(&beat).unwrap();
         bytes.extend(frame::encode(&Message::Bye).unwrap());
         let (a, n): (Message, usize) = frame::decode(&bytes).unwrap().unwrap();
         let (b, _): (Message, usize) = frame::decode(&bytes[n..]).unwrap().unwrap();
-        assert_eq!((a, b), (Message::Heartbeat, Message::Bye));
+        assert_eq!((a, b), (beat, Message::Bye));
     }
 
     #[test]
