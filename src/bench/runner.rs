@@ -890,6 +890,7 @@ impl RailServer<'_> {
                     }
                     let counters_before = (!warmup).then(|| links[0].counters());
                     chan.send(&Message::Ready { size })?;
+                    chan.doing(&format!("serving the {} of size {size}", if warmup { "warm-up" } else { "run" }));
                     if !warmup {
                         crate::faults::stall_at(crate::faults::SERVER_RUN);
                     }

@@ -110,12 +110,13 @@ pub struct RetestFinding {
 #[derive(Debug, Clone, PartialEq)]
 pub enum RetestResult {
     Failed(String),
-    /// Bandwidth against what was expected of the pair, and whether its latency was slow.
-    Ratio {
-        ratio: f64,
+    /// Bandwidth against what was expected of the pair, its latency p50 (us), and whether
+    /// that was slow: every figure the retest judged.
+    Figures {
+        ratio: Option<f64>,
+        p50_us: Option<f64>,
         slow: bool,
     },
-    NoFigure,
 }
 
 impl fmt::Display for RetestFinding {
@@ -124,10 +125,17 @@ impl fmt::Display for RetestFinding {
         write!(f, "{}: ", if self.confirmed { "confirmed" } else { "cleared" })?;
         match &self.result {
             RetestResult::Failed(e) => write!(f, "retest {c} -> {s} failed: {e}"),
-            RetestResult::Ratio { ratio, slow } => {
-                write!(f, "retest {c} -> {s}: bandwidth {ratio:.3}x the expected{}", if *slow { ", slow" } else { "" })
+            RetestResult::Figures { ratio, p50_us, slow } => {
+                write!(f, "retest {c} -> {s}: ")?;
+                match ratio {
+                    Some(r) => write!(f, "bandwidth {r:.3}x the expected")?,
+                    None => write!(f, "no bandwidth figure")?,
+                }
+                match p50_us {
+                    Some(p) => write!(f, ", latency p50 {p:.1} us{}", if *slow { " (slow)" } else { "" }),
+                    None => write!(f, ", no latency figure"),
+                }
             }
-            RetestResult::NoFigure => write!(f, "retest {c} -> {s}: no bandwidth figure"),
         }
     }
 }
@@ -147,6 +155,12 @@ impl NodeReason {
     /// can confirm or clear.
     pub fn is_slowness(&self) -> bool {
         matches!(self, NodeReason::Bandwidth { .. } | NodeReason::ZScore { .. } | NodeReason::Latency { .. })
+    }
+
+    /// Whether a retest against a known-good peer can tell: a slowness, or failures
+    /// against many partners (a bad minute passes, a bad node fails again).
+    pub fn is_retestable(&self) -> bool {
+        self.is_slowness() || matches!(self, NodeReason::Failures { .. })
     }
 }
 
@@ -361,10 +375,11 @@ fn polish(n: usize, obs: &[(usize, usize, f64)]) -> (f64, Vec<Option<f64>>) {
 }
 
 /// The final verdict: [`attribute`] on the planned pairs, then each suspect's retests.
-/// A suspect node stays bad when its retest against a known-good peer is still below
-/// `node_min_ratio` of what that peer's typical pair gives (or still slow), and is cleared
-/// when it is not; a suspect link likewise against what its two nodes predict. A suspect
-/// without a retest keeps its verdict.
+/// A suspect node stays bad when its retest against a known-good peer fails or is still
+/// below `node_min_ratio` of what that peer's typical pair gives (or still slow), and is
+/// cleared when it is not; a node suspect for its failures that is cleared leaves its
+/// failed pairs flaky. A suspect link likewise against what its two nodes predict. A
+/// suspect without a retest keeps its verdict.
 pub fn judge(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
     // A failed pair that passed its retest is judged by the retest's figures, and flaky.
     let mut planned: Vec<Observation> = rows.iter().filter(|r| r.retest.is_none()).cloned().collect();
@@ -417,17 +432,26 @@ pub fn judge(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
         let ratio = r.gbps.zip(expected).map(|(g, e)| g / e);
         let slow = r.p50_us.zip(typical).is_some_and(|(p, b)| p > t.latency_max_ratio * b);
         let confirmed = r.error.is_some() || ratio.is_some_and(|x| x < limit) || slow;
-        let result = match (&r.error, ratio) {
-            (Some(e), _) => RetestResult::Failed(e.clone()),
-            (None, Some(ratio)) => RetestResult::Ratio { ratio, slow },
-            (None, None) => RetestResult::NoFigure,
+        let result = match &r.error {
+            Some(e) => RetestResult::Failed(e.clone()),
+            None => RetestResult::Figures { ratio, p50_us: r.p50_us, slow },
         };
         let finding = RetestFinding { confirmed, client: r.client, server: r.server, result };
         match retest {
             Retest::Node { node } => {
-                if let Some(v) = a.nodes.get_mut(node as usize).filter(|v| v.bad) {
-                    v.reasons.push(NodeReason::Retest(finding));
-                    v.bad = confirmed;
+                let Some(v) = a.nodes.get_mut(node as usize).filter(|v| v.bad) else { continue };
+                v.reasons.push(NodeReason::Retest(finding));
+                v.bad = confirmed;
+                // A live node that failed against many partners and passes against a
+                // known-good one had a bad minute: its failed pairs are flaky, not bad.
+                let failed_many = v.reasons.iter().any(|r| matches!(r, NodeReason::Failures { .. }));
+                if !confirmed && failed_many {
+                    for p in planned.iter().filter(|p| p.error.is_some() && (p.client == node || p.server == node)) {
+                        if !a.flaky.iter().any(|f| (f.client, f.server) == (p.client, p.server)) {
+                            let error = p.error.clone().unwrap_or_default();
+                            a.flaky.push(FlakyPair { client: p.client, server: p.server, error });
+                        }
+                    }
                 }
             }
             Retest::Link { a: x, b: y } => {
@@ -796,6 +820,46 @@ mod tests {
         eprintln!("{false_links} false links in {trials} noisy healthy fleets");
         assert!(false_links <= 1, "{false_links} false links in {trials} noisy healthy fleets");
         assert_eq!(false_nodes, 0, "false nodes in {trials} noisy healthy fleets");
+    }
+
+    #[test]
+    fn a_live_node_that_failed_against_many_partners_is_cleared_by_a_passing_retest_and_its_pairs_are_flaky() {
+        // Node 2 had a bad minute: its pairs with nodes 0, 1 and 4 failed (3 of 5 partners).
+        let mut rows = fleet(6, |i, j| 100.0 * noise(i, j));
+        let bad_minute = |r: &Observation| r.client == 2 && [0, 1, 4].contains(&r.server);
+        for r in rows.iter_mut().filter(|r| bad_minute(r)) {
+            (r.gbps, r.p50_us, r.error) = (None, None, Some("remote invalid request error (9)".into()));
+        }
+        let a = judge(6, &rows, &Thresholds::default());
+        assert_eq!(a.bad_nodes(), [2], "named for its failures until retested");
+        assert!(a.bad_links().is_empty(), "its failed pairs are the node's: {:?}", a.bad_links());
+        let retest = |error: Option<&str>| Observation {
+            client: 2,
+            server: 5,
+            gbps: error.is_none().then_some(101.0),
+            p50_us: error.is_none().then_some(10.5),
+            error: error.map(String::from),
+            left: None,
+            retest: Some(Retest::Node { node: 2 }),
+        };
+        let mut cleared = rows.clone();
+        cleared.push(retest(None));
+        let a = judge(6, &cleared, &Thresholds::default());
+        assert!(a.bad_nodes().is_empty() && a.bad_links().is_empty(), "{:#?}", a.nodes[2]);
+        let flaky: Vec<(u32, u32)> = a.flaky.iter().map(|f| (f.client, f.server)).collect();
+        assert_eq!(flaky, [(2, 0), (2, 1), (2, 4)], "one bad minute makes flaky pairs, not a bad node");
+        assert_eq!(a.verdict(), Verdict::Fail, "max_flaky_pairs 0 still fails the fleet");
+        let text = a.nodes[2].reasons.last().unwrap().to_string();
+        assert!(
+            text.starts_with("cleared: retest 2 -> 5: bandwidth") && text.contains("latency p50 10.5 us"),
+            "{text}"
+        );
+        let mut confirmed = rows.clone();
+        confirmed.push(retest(Some("remote invalid request error (9)")));
+        let a = judge(6, &confirmed, &Thresholds::default());
+        assert_eq!(a.bad_nodes(), [2]);
+        assert!(a.flaky.is_empty(), "{:?}", a.flaky);
+        assert!(a.nodes[2].reasons.last().unwrap().to_string().starts_with("confirmed: retest 2 -> 5 failed"));
     }
 
     #[test]

@@ -510,9 +510,9 @@ fn departure_of(members: &[Member], node: u32) -> String {
 }
 
 /// The retests, in steps where no node is in two pairs, numbered from `first`: each
-/// suspect node against the best node that is not suspect, each suspect link again, each
-/// failed pair again. A node bad only for its failures (it left the fleet, or failed
-/// against half of its partners) is not retested.
+/// suspect node that is still in the fleet (slow, or failing against many partners)
+/// against the best node that is not suspect, each suspect link again, each failed pair
+/// again. A node that left the fleet is bad for leaving and is not retested.
 fn retest_steps(b: &Barrier, first: u32) -> Vec<StepPlan> {
     let observations: Vec<_> = b.rows.iter().filter(|r| !r.is_retest()).map(rows::observation).collect();
     let a = attribution::attribute(b.nodes, &observations, &b.thresholds);
@@ -521,17 +521,24 @@ fn retest_steps(b: &Barrier, first: u32) -> Vec<StepPlan> {
         a.nodes.iter().filter(|n| !n.bad && n.ratio.is_some() && alive(n.node)).collect();
     good.sort_by(|x, y| y.ratio.partial_cmp(&x.ratio).unwrap_or(std::cmp::Ordering::Equal));
     let mut pairs = Vec::new();
-    for n in a.nodes.iter().filter(|n| n.bad && alive(n.node) && n.reasons.iter().any(|r| r.is_slowness())) {
-        if let Some(g) = good.first() {
-            pairs.push((Pair { client: n.node, server: g.node }, Retest::Node { node: n.node }));
-        }
+    for n in a.nodes.iter().filter(|n| n.bad && alive(n.node) && n.reasons.iter().any(|r| r.is_retestable())) {
+        let Some(g) = good.first() else { continue };
+        // In the role it failed in: a node that failed only while serving (its serving
+        // thread stuck, its port refusing connections) is retested as the server.
+        let failed_as = |client: bool| {
+            b.rows.iter().filter(|r| !r.is_retest() && r.error.is_some() && (r.client == n.node) == client).count()
+        };
+        let serves = failed_as(false) > 0 && failed_as(true) == 0;
+        let pair =
+            if serves { Pair { client: g.node, server: n.node } } else { Pair { client: n.node, server: g.node } };
+        pairs.push((pair, Retest::Node { node: n.node }));
     }
     for l in a.links.iter().filter(|l| l.bad && l.ratio.is_some() && alive(l.a) && alive(l.b)) {
         pairs.push((Pair { client: l.a, server: l.b }, Retest::Link { a: l.a, b: l.b }));
     }
     // A failed pair again, against the same peer: a one-off passes (flaky), a fault fails
     // again. Not where a node left, nor of a node that fails against many of its partners
-    // (its failures are the node's, and its retests would take a step each).
+    // (the node's own retest judges those, and theirs would take a step each).
     let failing = |x: u32| a.nodes[x as usize].reasons.iter().any(|r| matches!(r, NodeReason::Failures { .. }));
     for r in b.rows.iter().filter(|r| !r.is_retest()) {
         let Some(e) = &r.error else { continue };

@@ -8,6 +8,15 @@ use serde::{Deserialize, Serialize};
 
 use super::attribution::Thresholds;
 
+/// A fleet's ACK timeout exponent: 20 (4.096 us x 2^20 = 4.3 s), NCCL's default
+/// (`NCCL_IB_TIMEOUT`), so a fleet's QPs retransmit when the cluster's jobs would, not
+/// earlier. The verbs default of two-host runs (14: 67 ms) resends a whole window whenever
+/// a busy host is late with its ACKs: pairs that measure at once on a node's shared CPUs
+/// then retransmit with no packet lost, and on the lab's rxe such retransmissions now and
+/// then end a bandwidth run with "remote invalid request" (lab notes). A packet really
+/// lost costs a pair 4.3 s, which its deadlines (`--timeout`) allow for.
+pub const FLEET_QP_TIMEOUT: u32 = 20;
+
 /// What each pair runs: RDMA WRITE bandwidth (large messages, several QPs) and latency
 /// (small messages), each `repeats` times after a warm-up; the medians are the pair's.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -20,9 +29,8 @@ pub struct Measurement {
     pub lat_iterations: u64,
     pub warmup: u64,
     pub repeats: u32,
-    /// The RC ACK timeout exponent of every pair's QPs (a workload's `qp_timeout`: 4.096 us
-    /// x 2^N before RC retransmits); the device's default when absent. A fabric whose
-    /// queues hold a window longer than the default 67 ms needs more.
+    /// The RC ACK timeout exponent of every pair's QPs (4.096 us x 2^N before RC
+    /// retransmits): [`FLEET_QP_TIMEOUT`] unless the file sets it.
     pub qp_timeout: Option<u32>,
 }
 
@@ -36,7 +44,7 @@ impl Default for Measurement {
             lat_iterations: 1000,
             warmup: 100,
             repeats: 3,
-            qp_timeout: None,
+            qp_timeout: Some(FLEET_QP_TIMEOUT),
         }
     }
 }

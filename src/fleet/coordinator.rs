@@ -64,17 +64,16 @@ impl Coordinator {
                 break;
             }
             let now = Instant::now();
-            openings.retain(|o| {
-                let keep = o.until > now;
-                if !keep {
-                    eprintln!(
-                        "rdmabench: fleet: {} did not join within {:.0} s",
-                        o.chan.peer(),
-                        self.timeout.as_secs_f64()
-                    );
-                }
-                keep
-            });
+            let (open, expired): (Vec<Opening>, Vec<Opening>) = openings.drain(..).partition(|o| o.until > now);
+            openings = open;
+            for o in expired {
+                eprintln!(
+                    "rdmabench: fleet: {} did not join within {:.0} s",
+                    o.chan.peer(),
+                    self.timeout.as_secs_f64()
+                );
+                close_aside(o.chan, "a connection that did not join");
+            }
             let wait = self.next_wake(&links, &openings);
             let mut fds: Vec<libc::pollfd> = Vec::with_capacity(1 + openings.len() + links.nodes.len());
             fds.push(readable(self.listener.raw_fd()));
@@ -144,11 +143,15 @@ impl Coordinator {
                     "rdmabench: fleet: a connection from {} was closed at once: {MAX_OPENING} others are still joining",
                     chan.peer()
                 );
+                close_aside(chan, "a connection beyond the limit");
                 continue;
             }
             match handshake::greet(&mut chan) {
                 Ok(nonce) => openings.push(Opening { chan, nonce, until: Instant::now() + self.timeout }),
-                Err(e) => eprintln!("rdmabench: fleet: a connection ended before it joined: {e}"),
+                Err(e) => {
+                    eprintln!("rdmabench: fleet: a connection ended before it joined: {e}");
+                    close_aside(chan, "a connection that ended");
+                }
             }
         }
     }
@@ -158,11 +161,17 @@ impl Coordinator {
         let msg = match o.chan.poll_peer("its join") {
             Ok(PeerPoll::Quiet) => return openings.push(o),
             Ok(PeerPoll::Message(m)) => m,
-            Err(e) => return eprintln!("rdmabench: fleet: a connection ended before it joined: {e}"),
+            Err(e) => {
+                eprintln!("rdmabench: fleet: a connection ended before it joined: {e}");
+                return close_aside(o.chan, "a connection that ended");
+            }
         };
         let msg = match handshake::verify_opening(&mut o.chan, msg, &o.nonce, self.token.as_ref()) {
             Ok(m) => m,
-            Err(e) => return eprintln!("rdmabench: fleet: refused a join from {}: {e}", o.chan.peer()),
+            Err(e) => {
+                eprintln!("rdmabench: fleet: refused a join from {}: {e}", o.chan.peer());
+                return close_aside(o.chan, "a refused connection");
+            }
         };
         let why = match msg {
             Message::Join { node, nodes, plan, .. } => match self.barrier.join(node, nodes, &plan) {
@@ -179,6 +188,19 @@ impl Coordinator {
         };
         eprintln!("rdmabench: fleet: refused a join from {}: {why}", o.chan.peer());
         let _ = o.chan.send(&Message::Refuse { code: 2, message: why });
+        close_aside(o.chan, "a refused connection");
+    }
+}
+
+/// Closes `chan` on a thread of its own: a clean close waits for the peer's own
+/// (`Drop for Channel`), which a lost, stuck or hostile peer may never send, and the
+/// barrier's loop must not wait on it.
+fn close_aside(chan: Channel, what: &str) {
+    let closing = std::thread::Builder::new().name("closing".into()).spawn(move || drop(chan));
+    // No thread to spare: the closure, and the channel with it, is dropped here, within
+    // the close's own bound.
+    if let Err(e) = closing {
+        eprintln!("rdmabench: fleet: closing {what} in the barrier's loop: {e}");
     }
 }
 
@@ -197,16 +219,10 @@ impl Links {
         self.start.elapsed()
     }
 
-    /// Closes node `node`'s connection aside: a clean close waits for the peer's own
-    /// (`Drop for Channel`), which a lost or stuck node may never send, and the barrier's
-    /// loop must not wait on it.
+    /// Closes node `node`'s connection aside ([`close_aside`]).
     fn close(&mut self, node: u32) {
         if let Some(chan) = self.nodes[node as usize].take() {
-            let closing = std::thread::Builder::new().name("closing".into()).spawn(move || drop(chan));
-            // No thread to spare: closed here, within the close's own bound.
-            if let Err(e) = closing {
-                eprintln!("rdmabench: fleet: closing node {node}'s connection in the barrier's loop: {e}");
-            }
+            close_aside(chan, &format!("node {node}'s connection"));
         }
     }
 

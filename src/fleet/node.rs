@@ -177,6 +177,7 @@ fn take_tasks(cfg: &NodeConfig, opts: &RunOptions, fingerprint: &str, failures: 
     let n = cfg.plan.nodes;
     let mut chan = Channel::connect(&cfg.peers[0], cfg.barrier_port(), cfg.join_timeout, opts.timeout)?;
     handshake::join(&mut chan, cfg.index, n, fingerprint, opts.token.as_ref())?;
+    chan.name_peer("node-0, the fleet's coordinator");
     // Each side hears the other for the whole fleet: the coordinator beats from its loop,
     // this node from a keepalive, so a coordinator that vanished (killed, host down, link
     // cut) is named within --timeout, not after the plan's length.
@@ -223,6 +224,10 @@ fn take_tasks(cfg: &NodeConfig, opts: &RunOptions, fingerprint: &str, failures: 
                         cfg.index,
                         phases.len()
                     )));
+                }
+                // A pair's first phase: say it is a retest, and of what.
+                if let (Some(r), None) = (retest, &pending) {
+                    eprintln!("rdmabench: fleet: step {step}: {r}: measuring against node {server}");
                 }
                 let mut row = pending
                     .take()
@@ -359,4 +364,16 @@ fn note_peer(row: &mut PairRow, run: &RunResult) {
     } else {
         run.rails.iter().map(|r| r.peer_device.clone()).collect()
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_0_gives_its_verdict_within_the_time_the_fleet_docs_state() {
+        assert_eq!(verdict_within(Duration::from_secs(10)), Duration::from_secs(28));
+        let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/fleet.md")).unwrap();
+        assert!(docs.contains("5 s + 2 x `--timeout` + 3 s (28 s by default)"), "docs/fleet.md states the bound");
+    }
 }

@@ -157,6 +157,44 @@ fn lab_stopped_peer_is_told_by_its_silence_within_the_timeout() {
     }
 }
 
+/// A server alive but stuck mid-run (its session thread stands still after `Ready` while
+/// its keepalive beats: `RDMABENCH_FAULT=stall:server-run`) is named by its client, with
+/// what it was doing: in a ping-pong as soon as a reply is overdue (`--timeout`, 2 s), in
+/// a bandwidth run (whose writes complete without the server's CPU) while the client
+/// waits for its verdict, within the stuck bound (6 x --timeout = 12 s).
+#[test]
+fn lab_a_peer_alive_but_stuck_mid_run_is_named_within_the_bound() {
+    for (test, bound) in [("write-lat", Duration::from_secs(2)), ("write-bw", Duration::from_secs(12))] {
+        let port = next_port();
+        let server = Command::new(BIN)
+            .args([test, "-p", &port, "--connect-timeout", "30", "--timeout", "2"])
+            .env("RDMABENCH_FAULT", "stall:server-run")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let addr = server_addr();
+        let t = Instant::now();
+        let client =
+            finish(spawn(&[test, "-p", &port, "--timeout", "2", "-n", "2000", &addr]), Duration::from_secs(60));
+        let took = t.elapsed();
+        // The stuck server goes on until told to stop, as a process stuck in a call would.
+        unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+        let server = finish(server, Duration::from_secs(20));
+        assert_eq!(
+            client.code, 4,
+            "{test}: {}
+{}",
+            client.stdout, client.stderr
+        );
+        let m = &client.stderr;
+        assert!(m.contains("alive but stuck") && m.contains("serving the run of size"), "{test}: {m}");
+        assert!(took < bound + GRACE + Duration::from_secs(3), "{test}: named after {took:?} (bound {bound:?})");
+        assert!(server.stderr.contains("stands still at server-run"), "{test}: {}", server.stderr);
+        eprintln!("{test}: the stuck server was named after {took:?}");
+    }
+}
+
 /// `--timeout` bounds a peer's silence, never a run's length: 50 QPs of 4 MiB messages
 /// complete only every few seconds here (the whole window shares the link), and a 60 s
 /// run passes with a 5 s timeout.

@@ -114,7 +114,13 @@ impl Sim {
     fn row_of(&self, node: u32, task: &Task) -> Option<PairRow> {
         let Work::Measure { server, round, retest, report: true, .. } = task.work else { return None };
         let mut r = PairRow::blank(task.step, round, retest, node, server);
-        (r.gbps, r.p50_us) = (Some((self.gbps)(node, server)), Some(5.0));
+        let gbps = (self.gbps)(node, server);
+        // NaN: the pair failed.
+        if gbps.is_nan() {
+            r.error = Some(PairError::of(&crate::error::Error::Peer("remote invalid request".into()), None));
+        } else {
+            (r.gbps, r.p50_us) = (Some(gbps), Some(5.0));
+        }
         Some(r)
     }
 
@@ -506,7 +512,20 @@ fn a_slow_node_and_a_slow_link_are_retested_after_the_plan_against_the_best_good
 }
 
 #[test]
-fn a_node_that_only_failed_is_not_retested() {
+fn a_live_node_that_failed_against_many_partners_is_retested_against_the_best_good_node() {
+    let mut sim = Sim::new(plan(5, Directions::One, None));
+    // Node 2's pairs all fail (a bad minute); it stays in the fleet.
+    sim.gbps = |c, s| if c == 2 || s == 2 { f64::NAN } else { 100.0 };
+    sim.start();
+    sim.run_out();
+    let (o, _) = sim.outcome();
+    let retests: Vec<(u32, Option<Retest>)> =
+        o.rows.iter().filter(|r| r.is_retest()).map(|r| (r.client, r.retest)).collect();
+    assert!(retests.iter().any(|&(c, r)| c == 2 && r == Some(Retest::Node { node: 2 })), "{retests:?}");
+}
+
+#[test]
+fn a_node_that_left_is_not_retested() {
     let mut sim = Sim::new(plan(4, Directions::One, None));
     sim.start();
     let task = sim.tasks[2].take().unwrap();
