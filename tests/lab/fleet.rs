@@ -38,7 +38,7 @@ fn fleet_workload(dir: &tempfile::TempDir, measure: &str, thresholds: &str) -> S
     std::fs::write(
         &path,
         format!(
-            "name = \"lab-fleet\"\n[measure]\nbw_size = 65536\nbw_qps = 2\nbw_iterations = 300\nlat_size = 2\n\
+            "name = \"lab-fleet\"\n[measure]\nbw_size = 65536\nbw_qps = 2\nbw_iterations = 150\nlat_size = 2\n\
              lat_iterations = 300\nwarmup = 20\nrepeats = 3\n{measure}\n[thresholds]\n{}\n",
             all.join("\n")
         ),
@@ -48,11 +48,13 @@ fn fleet_workload(dir: &tempfile::TempDir, measure: &str, thresholds: &str) -> S
 }
 
 /// A rate limit in the lab must slow a node, not turn RC into a retransmission storm: RC
-/// has no congestion control on rxe, and 2 QPs x 128 x 64 KiB in flight (16 MiB) take 1.3 s
-/// through 100 Mb/s, twenty times the default 67 ms ACK timeout. So the limiter's queue
-/// holds the whole window (`limit` in packets of the 4 KiB MTU) and the ACK timeout
-/// (`qp_timeout = 20`: 4.3 s) outlasts its queueing delay (2.7 s at 50 Mb/s, a tenth of
-/// a healthy pair's rate on a fast day here, a fourth on a slow one).
+/// has no congestion control on rxe, and a repeat's 150 x 64 KiB (9.8 MB, all of it in
+/// flight: 2 QPs x 128) take 0.8 s through 100 Mb/s, twelve times the verbs default 67 ms
+/// ACK timeout. So the limiter's queue holds the whole window (`limit` in packets of the
+/// 4 KiB MTU) and the ACK timeout (the fleet's `qp_timeout = 20`: 4.3 s, said here so a
+/// change of the default cannot break it) outlasts its queueing delay (1.6 s at 50 Mb/s,
+/// a tenth of a healthy pair's rate on a fast day here; pairs measured 60 Mb/s on a slow
+/// one, when the bandwidth a node loses both ways still named it).
 const SLOW_LINK_MEASURE: &str = "qp_timeout = 20";
 const SLOW_LINK_QUEUE: &str = "limit 8192";
 const SLOW_RATE: &str = "rate 50mbit";
@@ -317,6 +319,7 @@ impl Drop for Qdiscs {
     fn drop(&mut self) {
         for p in &self.0 {
             let _ = Command::new("tc").args(["qdisc", "del", "dev", p, "root"]).status();
+            let _ = Command::new("ip").args(["link", "set", p, "txqueuelen", "1000"]).status();
         }
     }
 }
@@ -359,23 +362,29 @@ fn lab_fleet_a_node_with_a_slow_port_is_named_as_the_bad_node() {
 #[test]
 fn lab_fleet_one_degraded_path_is_named_as_a_bad_link_not_a_node() {
     let dir = tempfile::tempdir().unwrap();
-    // The verbs default ACK timeout (14: 67 ms) here, not the fleet's 4.3 s: the
-    // classifiers on every port make the bridge drop now and then, and with a 4.3 s ACK
-    // timeout each drop stalled a pair for seconds (every pair of node 1 fell to a tenth).
-    // The limited path does retransmit its window (RC has no congestion control), which
-    // only makes it slower.
-    let workload = fleet_workload(&dir, "qp_timeout = 14", "");
-    // Every port gets the same classifier (its cost under emulation is the same for all);
-    // only node 1's sends the path to node 4 through a rate limit.
+    // Under the verbs default ACK timeout (67 ms) this test failed 8 of its 10 pairs with
+    // "remote invalid request" on a day the host was busy: the retransmissions rxe makes
+    // when ACKs are late (lab notes). Every port gets the same classifier (its cost under
+    // emulation is the same for all), whose bands queue a whole window (a prio band's FIFO
+    // holds txqueuelen packets: 10,000 here, not 1,000, so it drops nothing); only node
+    // 1's sends the path to node 4 through a rate limit (25 Mb/s: healthy pairs measured
+    // 60 Mb/s on a slow day) that queues the window too: a repeat's 150 x 64 KiB (9.8 MB)
+    // take 3.1 s through it, under the fleet's ACK timeout (4.3 s), so RC does not resend.
+    let workload = fleet_workload(&dir, "", "");
     let ports = ["n0", "n1", "n2", "n3", "n4"];
     let classify: Vec<String> = ports
         .iter()
-        .map(|p| format!("tc qdisc add dev {p} root handle 1: prio bands 3 priomap 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1"))
+        .map(|p| {
+            format!(
+                "ip link set {p} txqueuelen 10000 && \
+                 tc qdisc add dev {p} root handle 1: prio bands 3 priomap 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1"
+            )
+        })
         .collect();
     let path = Qdiscs::on(
         &ports,
         &format!(
-            "{} && tc qdisc add dev n1 parent 1:3 handle 30: netem rate 100mbit && \
+            "{} && tc qdisc add dev n1 parent 1:3 handle 30: netem rate 25mbit {SLOW_LINK_QUEUE} && \
              tc filter add dev n1 parent 1: protocol ip u32 match ip dst 10.88.0.14/32 flowid 1:3",
             classify.join(" && ")
         ),
@@ -527,10 +536,16 @@ fn lab_fleet_nodes_whose_coordinator_died_or_went_silent_exit_with_the_reason_wi
         let mut nodes = start_watched_fleet(3, &base, &workload, &[], Some((1, tx, "RDMABENCH_PAIR ")));
         rx.recv_timeout(Duration::from_secs(180)).expect("node 1 measured its first pair");
         let t = Instant::now();
+        // Silent: node 0's RDMA port drops everything, and so does its TCP: the nodes'
+        // control connections to a local address take `lo` (the lab's routing sends only
+        // rxe out of the ports), both ways addressed to 10.88.0.10.
         let cut = silent.then(|| {
             Qdiscs::on(
-                &["n0", "s0"],
-                "tc qdisc add dev n0 root netem loss 100% && tc qdisc add dev s0 root netem loss 100%",
+                &["n0", "s0", "lo"],
+                "tc qdisc add dev n0 root netem loss 100% && tc qdisc add dev s0 root netem loss 100% && \
+                 tc qdisc add dev lo root handle 1: prio bands 3 priomap 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 && \
+                 tc qdisc add dev lo parent 1:3 handle 30: netem loss 100% && \
+                 tc filter add dev lo parent 1: protocol ip u32 match ip dst 10.88.0.10/32 flowid 1:3",
             )
         });
         if !silent {
