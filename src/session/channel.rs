@@ -473,6 +473,11 @@ impl Channel {
             ),
             None => "it hung or died".to_string(),
         };
+        // This side's own keepalive stopped only on a lost connection: say so.
+        let why = match self.keepalive_stopped() {
+            Some(e) => format!("{why}; this side's heartbeats stopped too: {e}"),
+            None => why,
+        };
         Error::Peer(format!(
             "{} sent nothing, not even a heartbeat, for {:.1} s while this side waited for {waiting_for} (--timeout); \
              {why}",

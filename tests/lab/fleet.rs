@@ -31,19 +31,30 @@ fn fleet_workload(dir: &tempfile::TempDir, measure: &str, thresholds: &str) -> S
         ("node_min_z", "-50.0"),
         ("link_min_z", "-3.0"),
     ];
-    let set = |key: &str| thresholds.lines().any(|l| l.split('=').next().is_some_and(|k| k.trim() == key));
-    let mut all: Vec<String> = defaults.iter().filter(|(k, _)| !set(k)).map(|(k, v)| format!("{k} = {v}")).collect();
-    all.push(thresholds.to_string());
+    // And the lab's measurement, each unless `measure` sets it.
+    let measured = [
+        ("bw_size", "65536"),
+        ("bw_qps", "2"),
+        ("bw_iterations", "150"),
+        ("lat_size", "2"),
+        ("lat_iterations", "300"),
+        ("warmup", "20"),
+        ("repeats", "3"),
+    ];
+    let set = |text: &str, key: &str| text.lines().any(|l| l.split('=').next().is_some_and(|k| k.trim() == key));
+    let with = |defaults: &[(&str, &str)], given: &str| {
+        let mut all: Vec<String> =
+            defaults.iter().filter(|(k, _)| !set(given, k)).map(|(k, v)| format!("{k} = {v}")).collect();
+        all.push(given.to_string());
+        all.join("\n")
+    };
     let path = json_file(dir, "fleet.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "name = \"lab-fleet\"\n[measure]\nbw_size = 65536\nbw_qps = 2\nbw_iterations = 150\nlat_size = 2\n\
-             lat_iterations = 300\nwarmup = 20\nrepeats = 3\n{measure}\n[thresholds]\n{}\n",
-            all.join("\n")
-        ),
-    )
-    .unwrap();
+    let text = format!(
+        "name = \"lab-fleet\"\n[measure]\n{}\n[thresholds]\n{}\n",
+        with(&measured, measure),
+        with(&defaults, thresholds)
+    );
+    std::fs::write(&path, text).unwrap();
     path
 }
 
@@ -366,11 +377,12 @@ fn lab_fleet_one_degraded_path_is_named_as_a_bad_link_not_a_node() {
     // "remote invalid request" on a day the host was busy: the retransmissions rxe makes
     // when ACKs are late (lab notes). Every port gets the same classifier (its cost under
     // emulation is the same for all), whose bands queue a whole window (a prio band's FIFO
-    // holds txqueuelen packets: 10,000 here, not 1,000, so it drops nothing); only node
-    // 1's sends the path to node 4 through a rate limit (25 Mb/s: healthy pairs measured
-    // 60 Mb/s on a slow day) that queues the window too: a repeat's 150 x 64 KiB (9.8 MB)
-    // take 3.1 s through it, under the fleet's ACK timeout (4.3 s), so RC does not resend.
-    let workload = fleet_workload(&dir, "", "");
+    // holds txqueuelen packets: 10,000 here, not 1,000); only node 1's sends the path to
+    // node 4 through a rate limit that queues the window too: 5 Mb/s, a twelfth of what
+    // healthy pairs measured on a slow day (at 25 Mb/s the two-speed guest's noise, nodes
+    // at 0.74x to 1.7x, hid the link). A repeat's 30 x 64 KiB (2 MB) take 3.1 s through
+    // it, under the fleet's ACK timeout (4.3 s), so RC does not resend its window.
+    let workload = fleet_workload(&dir, "bw_iterations = 30", "");
     let ports = ["n0", "n1", "n2", "n3", "n4"];
     let classify: Vec<String> = ports
         .iter()
@@ -384,7 +396,7 @@ fn lab_fleet_one_degraded_path_is_named_as_a_bad_link_not_a_node() {
     let path = Qdiscs::on(
         &ports,
         &format!(
-            "{} && tc qdisc add dev n1 parent 1:3 handle 30: netem rate 25mbit {SLOW_LINK_QUEUE} && \
+            "{} && tc qdisc add dev n1 parent 1:3 handle 30: netem rate 5mbit {SLOW_LINK_QUEUE} && \
              tc filter add dev n1 parent 1: protocol ip u32 match ip dst 10.88.0.14/32 flowid 1:3",
             classify.join(" && ")
         ),
