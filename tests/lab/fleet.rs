@@ -164,7 +164,11 @@ fn start_fleet_with(
             let index = k.to_string();
             let mut args =
                 vec!["fleet", "--index", &index, "--pods", &pods, "--peers", &peers, "-d", "all", "-p", base];
-            args.extend(["--timeout", "5", "--connect-timeout", "60", "--workload", workload]);
+            // --timeout 5 unless the test gives its own.
+            if !extra.contains(&"--timeout") {
+                args.extend(["--timeout", "5"]);
+            }
+            args.extend(["--connect-timeout", "60", "--workload", workload]);
             args.extend_from_slice(extra);
             let mine = watch.as_ref().filter(|w| w.0 == k).map(|w| (w.2.to_string(), w.1.clone()));
             let mut cmd = Command::new(&view[0]);
@@ -500,8 +504,8 @@ fn lab_fleet_a_pair_that_fails_once_is_reported_flaky_not_bad() {
 const AT_ONCE: &str = "latency_max_ratio = 1000.0\nnode_min_ratio = 0.3\nlink_min_ratio = 0.3";
 
 /// Node 2's serving thread stands still once its first client's measured run begins,
-/// while its process and keepalive live on. Its clients name it alive but stuck (within 6 x
-/// --timeout), later ones find no greeting; node 2 is named bad, confirmed by a retest in
+/// while its process and keepalive live on. Its clients name it alive but stuck (within 12 x
+/// --timeout: 36 s at this test's 3 s), later ones find no greeting; node 2 is named bad, confirmed by a retest in
 /// the role it failed in (serving a known-good node), no link is bad, and node 0 prints
 /// its verdict though its partner's server never stops.
 #[test]
@@ -510,7 +514,8 @@ fn lab_fleet_a_node_whose_server_is_stuck_is_named_and_node_0_still_gives_the_ve
     let workload = fleet_workload(&dir, "", &format!("{AT_ONCE}\nmax_flaky_pairs = 0"));
     let base = fleet_ports(4);
     let t = Instant::now();
-    let nodes = start_fleet_with(4, &base, &workload, &["--directions", "both"], None, Some(2));
+    let extra = ["--directions", "both", "--timeout", "3"];
+    let nodes = start_fleet_with(4, &base, &workload, &extra, None, Some(2));
     let outs: Vec<Out> = nodes.into_iter().map(|c| c.finish(Duration::from_secs(600))).collect();
     eprintln!("the fleet with a stuck server ended after {:.1} s", t.elapsed().as_secs_f64());
     assert_eq!(outs[0].code, 1, "node 0 gives the verdict: {}\n{}", outs[0].stdout, outs[0].stderr);
