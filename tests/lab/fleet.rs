@@ -505,7 +505,7 @@ const AT_ONCE: &str = "latency_max_ratio = 1000.0\nnode_min_ratio = 0.3\nlink_mi
 
 /// Node 2's serving thread stands still once its first client's measured run begins,
 /// while its process and keepalive live on. Its clients name it alive but stuck (within 12 x
-/// --timeout: 36 s at this test's 3 s), later ones find no greeting; node 2 is named bad, confirmed by a retest in
+/// --timeout: 60 s at the lab's 5 s), later ones find no greeting; node 2 is named bad, confirmed by a retest in
 /// the role it failed in (serving a known-good node), no link is bad, and node 0 prints
 /// its verdict though its partner's server never stops.
 #[test]
@@ -514,7 +514,7 @@ fn lab_fleet_a_node_whose_server_is_stuck_is_named_and_node_0_still_gives_the_ve
     let workload = fleet_workload(&dir, "", &format!("{AT_ONCE}\nmax_flaky_pairs = 0"));
     let base = fleet_ports(4);
     let t = Instant::now();
-    let extra = ["--directions", "both", "--timeout", "3"];
+    let extra = ["--directions", "both"];
     let nodes = start_fleet_with(4, &base, &workload, &extra, None, Some(2));
     let outs: Vec<Out> = nodes.into_iter().map(|c| c.finish(Duration::from_secs(600))).collect();
     eprintln!("the fleet with a stuck server ended after {:.1} s", t.elapsed().as_secs_f64());
