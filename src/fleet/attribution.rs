@@ -160,7 +160,12 @@ impl NodeReason {
     /// Whether a retest against a known-good peer can tell: a slowness, or failures
     /// against many partners (a bad minute passes, a bad node fails again).
     pub fn is_retestable(&self) -> bool {
-        self.is_slowness() || matches!(self, NodeReason::Failures { .. })
+        self.is_slowness() || self.is_failures()
+    }
+
+    /// Failures against half of its partners or more.
+    pub fn is_failures(&self) -> bool {
+        matches!(self, NodeReason::Failures { .. })
     }
 }
 
@@ -444,7 +449,7 @@ pub fn judge(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
                 v.bad = confirmed;
                 // A live node that failed against many partners and passes against a
                 // known-good one had a bad minute: its failed pairs are flaky, not bad.
-                let failed_many = v.reasons.iter().any(|r| matches!(r, NodeReason::Failures { .. }));
+                let failed_many = v.reasons.iter().any(NodeReason::is_failures);
                 if !confirmed && failed_many {
                     for p in planned.iter().filter(|p| p.error.is_some() && (p.client == node || p.server == node)) {
                         if !a.flaky.iter().any(|f| (f.client, f.server) == (p.client, p.server)) {

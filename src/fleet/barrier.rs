@@ -539,7 +539,7 @@ fn retest_steps(b: &Barrier, first: u32) -> Vec<StepPlan> {
     // A failed pair again, against the same peer: a one-off passes (flaky), a fault fails
     // again. Not where a node left, nor of a node that fails against many of its partners
     // (the node's own retest judges those, and theirs would take a step each).
-    let failing = |x: u32| a.nodes[x as usize].reasons.iter().any(|r| matches!(r, NodeReason::Failures { .. }));
+    let failing = |x: u32| a.nodes[x as usize].reasons.iter().any(NodeReason::is_failures);
     for r in b.rows.iter().filter(|r| !r.is_retest()) {
         let Some(e) = &r.error else { continue };
         if e.kind != FailureKind::NodeLeft

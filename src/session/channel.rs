@@ -322,12 +322,9 @@ impl Channel {
     /// keepalive thread, such as a fleet's coordinator, beats from its own loop). Err only
     /// when the connection is lost.
     pub fn beat(&self) -> Result<()> {
-        let beat = frame::encode(&self.motion.heartbeat()).expect("a heartbeat encodes");
-        let mut w = self.writer.lock().map_err(|_| Error::Check("a writer of this channel panicked".into()))?;
-        match write_beat(&mut w, &beat, &self.broken) {
-            Err(e) => Err(Error::Peer(format!("lost the connection to {} while sending a heartbeat: {e}", self.peer))),
-            Ok(_) => Ok(()),
-        }
+        beat_now(&self.writer, &self.motion, &self.broken)
+            .map(|_| ())
+            .map_err(|e| Error::Peer(format!("lost the connection to {} while sending a heartbeat: {e}", self.peer)))
     }
 
     /// Starts this side's keepalive (once the session is authenticated: a stranger must
@@ -343,11 +340,9 @@ impl Channel {
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new().name("keepalive".into()).spawn(move || {
             while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
-                let beat = frame::encode(&motion.heartbeat()).expect("a heartbeat encodes");
-                let Ok(mut w) = writer.lock() else { return };
                 // A lost connection ends the keepalive, saying why; this side's own waits
-                // report the loss. A full socket only skips the beat (written_or_skipped).
-                if let Err(e) = write_beat(&mut w, &beat, &broken) {
+                // report the loss. A full socket only skips the beat.
+                if let Err(e) = beat_now(&writer, &motion, &broken) {
                     if let Ok(mut why) = why.lock() {
                         *why = Some(e.to_string());
                     }
@@ -698,6 +693,13 @@ impl Channel {
             self.peer
         ))
     }
+}
+
+/// One heartbeat saying what `motion` says, written whole or skipped ([`write_beat`]).
+fn beat_now(writer: &Mutex<TcpStream>, motion: &Motion, broken: &AtomicBool) -> std::io::Result<bool> {
+    let beat = frame::encode(&motion.heartbeat()).expect("a heartbeat encodes");
+    let mut w = writer.lock().map_err(|_| std::io::Error::other("a writer of this channel panicked"))?;
+    write_beat(&mut w, &beat, broken)
 }
 
 /// Writes one heartbeat frame whole, or not at all when the socket has no room for it now
