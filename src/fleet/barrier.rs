@@ -129,6 +129,10 @@ pub struct Barrier {
     steps: Vec<StepPlan>,
     planned: usize,
     phases: Vec<Vec<Phase>>,
+    /// The most pairs any planned step runs at once (`--max-pairs-per-round`, or a whole
+    /// round): retests never run more, so a fleet that judges latency one pair at a time
+    /// retests one pair at a time too.
+    pairs_at_once: usize,
     thresholds: Thresholds,
     join_timeout: Duration,
     step_timeout: Duration,
@@ -175,6 +179,7 @@ impl Barrier {
             planned: list.len(),
             steps: list,
             phases: phases.to_vec(),
+            pairs_at_once: steps.iter().map(|s| s.pairs.len()).max().unwrap_or(1).max(1),
             thresholds,
             join_timeout,
             step_timeout,
@@ -509,7 +514,8 @@ fn departure_of(members: &[Member], node: u32) -> String {
     }
 }
 
-/// The retests, in steps where no node is in two pairs, numbered from `first`: each
+/// The retests, in steps where no node is in two pairs and no more pairs run than in a
+/// planned step (two ping-pongs at once measure the scheduler), numbered from `first`: each
 /// suspect node that is still in the fleet (slow, or failing against many partners)
 /// against the best node that is not suspect, each suspect link again, each failed pair
 /// again. A node that left the fleet is bad for leaving and is not retested.
@@ -553,7 +559,10 @@ fn retest_steps(b: &Barrier, first: u32) -> Vec<StepPlan> {
     }
     let mut sets: Vec<(Vec<Planned>, HashSet<u32>)> = Vec::new();
     for (pair, retest) in pairs {
-        let at = match sets.iter().position(|(_, busy)| !busy.contains(&pair.client) && !busy.contains(&pair.server)) {
+        let fits = |(set, busy): &(Vec<Planned>, HashSet<u32>)| {
+            set.len() < b.pairs_at_once && !busy.contains(&pair.client) && !busy.contains(&pair.server)
+        };
+        let at = match sets.iter().position(fits) {
             Some(at) => at,
             None => {
                 sets.push((Vec::new(), HashSet::new()));

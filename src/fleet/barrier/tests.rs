@@ -512,6 +512,31 @@ fn a_slow_node_and_a_slow_link_are_retested_after_the_plan_against_the_best_good
 }
 
 #[test]
+fn retests_run_no_more_pairs_at_once_than_the_plan_allows() {
+    // As above, under --max-pairs-per-round 1: the two retests are disjoint, yet each
+    // gets a step of its own (two ping-pongs at once would measure the scheduler).
+    let p = plan(6, Directions::One, Some(1));
+    let mut sim = Sim::new(p);
+    sim.gbps = |c, s| {
+        let node = if c == 2 || s == 2 { 0.5 } else { 1.0 };
+        let link = if (c.min(s), c.max(s)) == (1, 4) { 0.5 } else { 1.0 };
+        let best = if c == 5 || s == 5 { 1.01 } else { 1.0 };
+        100.0 * node * link * best
+    };
+    sim.start();
+    let planned = p.steps().len() as u32;
+    sim.run_out();
+    assert!(sim.done);
+    let retests: Vec<(u32, u32, u32)> = sim
+        .handed
+        .iter()
+        .filter(|(s, _)| **s >= planned)
+        .flat_map(|(s, v)| v.iter().map(move |&(c, v)| (*s, c, v)))
+        .collect();
+    assert_eq!(retests, [(planned, 2, 5), (planned + 1, 1, 4)], "one pair a step");
+}
+
+#[test]
 fn a_live_node_that_failed_against_many_partners_is_retested_against_the_best_good_node() {
     let mut sim = Sim::new(plan(5, Directions::One, None));
     // Node 2's pairs all fail (a bad minute); it stays in the fleet.
