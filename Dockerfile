@@ -14,6 +14,8 @@ COPY Cargo.toml Cargo.lock ./
 COPY src src
 COPY benches benches
 COPY tests tests
+# The shipped workloads are compiled in too (include_str!), as well as copied below.
+COPY workloads workloads
 RUN cargo build --release --locked --bin rdmabench
 
 FROM debian:bookworm-slim
