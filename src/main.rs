@@ -140,6 +140,7 @@ fn run(cli: Cli) -> Result<()> {
                 measure: file.measure,
                 thresholds: file.thresholds,
                 join_timeout: std::time::Duration::from_secs_f64(a.conn.connect_timeout.max(1.0)),
+                measuring: fleet::node::Measuring::Verbs,
             };
             fleet::command(&cfg, &a.conn.run_options(true)?, out)
         }

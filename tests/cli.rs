@@ -416,3 +416,51 @@ fn a_fleet_node_whose_port_is_taken_stops_before_joining() {
     assert!(start.elapsed() < std::time::Duration::from_secs(30), "it waited to join: {:?}", start.elapsed());
     drop(taken);
 }
+
+/// The documented pipeline, `kubectl logs ... | rdmabench summarize --fleet all-pairs ... -`:
+/// the logs come once, through a pipe, and the servers' records are joined to the rows
+/// all the same; a line cut short is skipped, named with its line number, and counted in
+/// the verdict, which still passes.
+#[test]
+fn a_fleets_logs_piped_once_keep_the_servers_records_and_a_cut_line_is_skipped() {
+    use rdmabench::fleet::schedule::{Directions, Plan};
+    use rdmabench::report::pairs::{PairRow, ServedRow};
+    use std::io::Write;
+    use std::process::Stdio;
+    let plan = Plan { nodes: 3, directions: Directions::One, max_pairs_per_round: None };
+    let mut lines = Vec::new();
+    for step in plan.steps() {
+        for p in &step.pairs {
+            let mut r = PairRow::blank(step.index, step.round, None, p.client, p.server);
+            (r.gbps, r.p50_us, r.p99_us) = (Some(100.0), Some(5.0), Some(7.0));
+            lines.push(format!("[pod/fleet-{}/c] {}", p.client, r.line()));
+            let counters = [("rcvd_pkts".to_string(), 42)].into();
+            let s = ServedRow { step: step.index, client: p.client, server: p.server, counters, error: None };
+            lines.push(format!("[pod/fleet-{}/c] {}", p.server, s.line()));
+        }
+    }
+    let cut = lines[0].clone();
+    lines.push(cut[..cut.len() / 2].to_string());
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let mut child = Command::new(BIN)
+        .args(["summarize", "--fleet", "all-pairs", "--pods", "3", "--json", "--out"])
+        .arg(&out_dir)
+        .arg("-")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all((lines.join("\n") + "\n").as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let verdict: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(verdict["skipped_lines"], 1, "{verdict}");
+    assert!(stderr.contains(&format!("stdin line {}", lines.len())), "{stderr}");
+    let pairs = std::fs::read_to_string(out_dir.join("pairs.jsonl")).unwrap();
+    for row in pairs.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()) {
+        assert_eq!(row["peer_counters"]["rcvd_pkts"], 42, "every server's record joined: {row}");
+    }
+}

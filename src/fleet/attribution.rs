@@ -110,6 +110,9 @@ pub struct RetestFinding {
 #[derive(Debug, Clone, PartialEq)]
 pub enum RetestResult {
     Failed(String),
+    /// The retest's partner left the fleet while it ran: it tells nothing about the
+    /// suspect, which keeps the verdict of its planned pairs.
+    Inconclusive(String),
     /// Bandwidth against what was expected of the pair, its latency p50 (us), and whether
     /// that was slow: every figure the retest judged.
     Figures {
@@ -122,9 +125,15 @@ pub enum RetestResult {
 impl fmt::Display for RetestFinding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (c, s) = (self.client, self.server);
-        write!(f, "{}: ", if self.confirmed { "confirmed" } else { "cleared" })?;
+        let verdict = match (&self.result, self.confirmed) {
+            (RetestResult::Inconclusive(_), _) => "inconclusive",
+            (_, true) => "confirmed",
+            (_, false) => "cleared",
+        };
+        write!(f, "{verdict}: ")?;
         match &self.result {
             RetestResult::Failed(e) => write!(f, "retest {c} -> {s} failed: {e}"),
+            RetestResult::Inconclusive(e) => write!(f, "retest {c} -> {s} failed because its partner left: {e}"),
             RetestResult::Figures { ratio, p50_us, slow } => {
                 write!(f, "retest {c} -> {s}: ")?;
                 match ratio {
@@ -143,10 +152,28 @@ impl fmt::Display for RetestFinding {
 /// Why a node is suspect (bad unless a retest cleared it).
 #[derive(Debug, Clone, PartialEq)]
 pub enum NodeReason {
-    Bandwidth { ratio: f64, limit: f64 },
-    ZScore { z: f64, limit: f64 },
-    Failures { failed: u32, partners: u32 },
-    Latency { p50_us: f64, ratio: f64, limit: f64 },
+    Bandwidth {
+        ratio: f64,
+        limit: f64,
+    },
+    ZScore {
+        z: f64,
+        limit: f64,
+    },
+    Failures {
+        failed: u32,
+        partners: u32,
+    },
+    Latency {
+        p50_us: f64,
+        ratio: f64,
+        limit: f64,
+    },
+    /// It left the fleet (the barrier's words: when, and why): bad for leaving, and its
+    /// pairs' failures make no link bad.
+    Left {
+        why: String,
+    },
     Retest(RetestFinding),
 }
 
@@ -182,6 +209,7 @@ impl fmt::Display for NodeReason {
             NodeReason::Latency { p50_us, ratio, limit } => {
                 write!(f, "latency p50 {p50_us:.1} us, {ratio:.2}x the fleet's typical pair (above {limit})")
             }
+            NodeReason::Left { why } => f.write_str(why),
             NodeReason::Retest(r) => r.fmt(f),
         }
     }
@@ -311,6 +339,19 @@ impl Attribution {
     }
 
     /// The link of nodes `x` and `y`, either way round (links are sorted by (a, b)).
+    /// Node `x` left the fleet (`why`, the barrier's words): bad for leaving, and no link
+    /// of it is bad (a link is judged only between two good nodes).
+    pub fn mark_left(&mut self, x: u32, why: &str) {
+        let Some(v) = self.nodes.get_mut(x as usize) else { return };
+        if !v.reasons.iter().any(|r| matches!(r, NodeReason::Left { .. })) {
+            v.reasons.push(NodeReason::Left { why: why.to_string() });
+        }
+        v.bad = true;
+        for l in self.links.iter_mut().filter(|l| l.a == x || l.b == x) {
+            l.bad = false;
+        }
+    }
+
     fn link_mut(&mut self, x: u32, y: u32) -> Option<&mut LinkVerdict> {
         let key = (x.min(y), x.max(y));
         let at = self.links.binary_search_by(|l| (l.a, l.b).cmp(&key)).ok()?;
@@ -394,7 +435,9 @@ pub fn judge(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
     }
     let mut flaky = Vec::new();
     let mut failed_again = Vec::new();
-    for r in rows.iter().filter(|r| r.retest == Some(Retest::Failed)) {
+    // A retest that failed because a node left tells nothing of the pair (the node is
+    // bad for leaving).
+    for r in rows.iter().filter(|r| r.retest == Some(Retest::Failed) && r.left.is_none()) {
         let Some(k) = table.get(r.client, r.server) else { continue };
         let p = &mut planned[k];
         match (&p.error, &r.error) {
@@ -413,6 +456,12 @@ pub fn judge(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
         if let Some(l) = a.link_mut(c, s) {
             let finding = RetestFinding { confirmed: true, client: c, server: s, result: RetestResult::Failed(e) };
             l.reasons.push(LinkReason::Retest(finding));
+        }
+    }
+    // A node that left during the retests is bad for leaving too.
+    for r in rows.iter().filter(|r| r.retest.is_some()) {
+        if let (Some(x), Some(why)) = (r.left, &r.error) {
+            a.mark_left(x, why);
         }
     }
     let (mu, typical) = (a.typical_gbps, a.typical_p50_us);
@@ -436,8 +485,15 @@ pub fn judge(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
         };
         let ratio = r.gbps.zip(expected).map(|(g, e)| g / e);
         let slow = r.p50_us.zip(typical).is_some_and(|(p, b)| p > t.latency_max_ratio * b);
-        let confirmed = r.error.is_some() || ratio.is_some_and(|x| x < limit) || slow;
+        // The suspect's partner left mid-retest: no finding either way.
+        let suspect = match retest {
+            Retest::Node { node } => Some(node),
+            _ => None,
+        };
+        let partner_left = r.left.is_some_and(|x| Some(x) != suspect);
+        let confirmed = !partner_left && (r.error.is_some() || ratio.is_some_and(|x| x < limit) || slow);
         let result = match &r.error {
+            Some(e) if partner_left => RetestResult::Inconclusive(e.clone()),
             Some(e) => RetestResult::Failed(e.clone()),
             None => RetestResult::Figures { ratio, p50_us: r.p50_us, slow },
         };
@@ -446,6 +502,9 @@ pub fn judge(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
             Retest::Node { node } => {
                 let Some(v) = a.nodes.get_mut(node as usize).filter(|v| v.bad) else { continue };
                 v.reasons.push(NodeReason::Retest(finding));
+                if partner_left {
+                    continue;
+                }
                 v.bad = confirmed;
                 // A live node that failed against many partners and passes against a
                 // known-good one had a bad minute: its failed pairs are flaky, not bad.
@@ -462,7 +521,9 @@ pub fn judge(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
             Retest::Link { a: x, b: y } => {
                 if let Some(l) = a.link_mut(x, y).filter(|l| l.bad) {
                     l.reasons.push(LinkReason::Retest(finding));
-                    l.bad = confirmed;
+                    if !partner_left {
+                        l.bad = confirmed;
+                    }
                 }
             }
             Retest::Failed => {}
@@ -507,6 +568,13 @@ pub fn attribute(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
             .collect::<Vec<_>>(),
     );
 
+    // Who left the fleet, in the barrier's words (the first row that says so).
+    let mut departed = std::collections::BTreeMap::new();
+    for r in &planned {
+        if let (Some(x), Some(why)) = (r.left, &r.error) {
+            departed.entry(x).or_insert_with(|| why.clone());
+        }
+    }
     let mut nodes: Vec<NodeVerdict> = (0..n)
         .map(|i| {
             let (mut partners, mut failed) = (0u32, 0u32);
@@ -550,6 +618,9 @@ pub fn attribute(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
                 && p > t.latency_max_ratio * typical
             {
                 reasons.push(NodeReason::Latency { p50_us: p, ratio: p / typical, limit: t.latency_max_ratio });
+            }
+            if let Some(why) = departed.get(&(i as u32)) {
+                reasons.push(NodeReason::Left { why: why.clone() });
             }
             NodeVerdict {
                 node: i as u32,
@@ -604,7 +675,8 @@ pub fn attribute(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
             let z = f.residual.map(|r| (r - link_centre) / link_spread);
             let ends_bad = nodes[a as usize].bad || nodes[b as usize].bad;
             let mut reasons = Vec::new();
-            for r in f.both.iter().filter(|r| r.error.is_some()) {
+            // A pair that failed because a node left is that node's, never its link's.
+            for r in f.both.iter().filter(|r| r.error.is_some() && r.left.is_none()) {
                 let error = r.error.clone().unwrap_or_default();
                 reasons.push(LinkReason::Failed { client: r.client, server: r.server, error });
             }
@@ -898,5 +970,65 @@ mod tests {
         assert!(a.flaky.is_empty());
         let link = a.links.iter().find(|l| (l.a, l.b) == (1, 3)).unwrap();
         assert_eq!(link.reasons.last().unwrap().to_string(), "confirmed: retest 1 -> 3 failed: made no progress again");
+    }
+
+    #[test]
+    fn a_node_killed_just_before_half_its_partners_is_named_alone_and_no_link_is_bad() {
+        // 10 nodes: node 6 measured 5 of its 9 partners, then was killed; the coordinator
+        // wrote its last 4 pairs failed for its leaving. 4 of 9 is below fail_share.
+        let mut rows = fleet(10, |i, j| 100.0 * noise(i, j));
+        let why = "node 6 left the fleet at step 11: the connection closed (killed)";
+        for r in rows
+            .iter_mut()
+            .filter(|r| (r.client == 6 || r.server == 6) && r.client.max(r.server) >= 7 && r.client.min(r.server) >= 3)
+        {
+            (r.gbps, r.p50_us, r.error, r.left) = (None, None, Some(why.into()), Some(6));
+        }
+        let a = judge(10, &rows, &Thresholds::default());
+        assert_eq!(a.bad_nodes(), [6], "{:#?}", a.nodes[6]);
+        assert!(a.bad_links().is_empty(), "its pairs' failures are its own: {:?}", a.bad_links());
+        assert!(
+            a.nodes[6].reasons.iter().any(|r| r.to_string() == why),
+            "named for leaving, with when: {:?}",
+            a.nodes[6]
+        );
+        let partners_failed: Vec<u32> = a.nodes.iter().map(|n| n.failed_partners).collect();
+        assert!(partners_failed.iter().enumerate().all(|(i, &f)| i == 6 || f == 0), "{partners_failed:?}");
+    }
+
+    #[test]
+    fn a_retest_whose_partner_left_is_inconclusive_never_a_confirmation() {
+        // Node 2 is slow (0.5x); its retest against node 5 failed because node 5 left.
+        let mut rows = fleet(6, |i, j| 100.0 * noise(i, j) * if i == 2 || j == 2 { 0.5 } else { 1.0 });
+        let why = "node 5 left the fleet at step 10: the connection closed";
+        rows.push(Observation {
+            client: 2,
+            server: 5,
+            gbps: None,
+            p50_us: None,
+            error: Some(why.into()),
+            left: Some(5),
+            retest: Some(Retest::Node { node: 2 }),
+        });
+        let a = judge(6, &rows, &Thresholds::default());
+        let text = a.nodes[2].reasons.last().unwrap().to_string();
+        assert!(text.starts_with("inconclusive: retest 2 -> 5"), "{text}");
+        assert!(a.nodes[2].bad, "keeps the verdict of its planned pairs");
+        assert!(a.nodes[5].bad && a.nodes[5].reasons.iter().any(|r| r.to_string() == why), "{:?}", a.nodes[5]);
+        // A slow link's retest cut by its end leaving: inconclusive, and the node that
+        // left is named, not the link.
+        let mut rows = fleet(6, |i, j| 100.0 * noise(i, j) * if (i.min(j), i.max(j)) == (1, 4) { 0.4 } else { 1.0 });
+        rows.push(Observation {
+            client: 1,
+            server: 4,
+            gbps: None,
+            p50_us: None,
+            error: Some("node 4 left the fleet at step 10: killed".into()),
+            left: Some(4),
+            retest: Some(Retest::Link { a: 1, b: 4 }),
+        });
+        let a = judge(6, &rows, &Thresholds::default());
+        assert_eq!(a.bad_nodes(), [4]);
+        assert!(a.bad_links().is_empty(), "{:?}", a.bad_links());
     }
 }

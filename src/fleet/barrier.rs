@@ -297,8 +297,14 @@ impl Barrier {
             return Vec::new();
         }
         let step = self.awaited();
-        match self.members.get(node as usize) {
-            Some(Member::In { .. }) => {
+        match (self.members.get(node as usize), self.stage) {
+            // Before the start a node whose connection broke may join again (a join cut
+            // under a storm of joins is retried), until the join timeout.
+            (Some(Member::In { .. }), Stage::Joining { .. }) => {
+                self.members[node as usize] = Member::Absent;
+                Vec::new()
+            }
+            (Some(Member::In { .. }), _) => {
                 self.members[node as usize] = Member::Left(Departure::Lost { step, why });
                 self.advance(now)
             }
@@ -393,9 +399,13 @@ impl Barrier {
 
     /// A node brings its records of the pairs it served, each once.
     fn check_served(&self, node: u32, served: &[ServedRow]) -> Result<(), String> {
+        let mut here = HashSet::new();
         for s in served {
             s.check(self.nodes)?;
-            if s.server != node || !self.owed.contains(&(s.step, s.client, s.server)) {
+            let key = (s.step, s.client, s.server);
+            // Owed and not already in this arrival: `owed` loses the key only once the
+            // arrival is taken.
+            if s.server != node || !self.owed.contains(&key) || !here.insert(key) {
                 return Err(format!(
                     "a record of pair {} -> {} at step {} that node {node} did not serve, or sent before",
                     s.client, s.server, s.step

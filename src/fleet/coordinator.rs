@@ -23,9 +23,21 @@ use crate::signals;
 
 /// The longest the coordinator sleeps without looking at signals.
 const SIGNAL_CHECK: Duration = Duration::from_millis(250);
-/// Connections still opening at most; more are closed at once, so a flood of idle ones
-/// cannot hold the barrier's table.
-const MAX_OPENING: usize = 64;
+/// Connections still joining at most, for a fleet of `nodes`: every node twice over (each
+/// may retry while its first connection is still counted) and 64 more. Each holds two
+/// descriptors and a 4 KiB buffer for at most `--timeout`, so a flood of strangers holds
+/// under 10 MiB of node 0's memory at 1,024 nodes; a connection beyond it is closed at
+/// once, and an honest node whose join was cut joins again.
+pub fn max_opening(nodes: u32) -> usize {
+    2 * nodes as usize + 64
+}
+
+/// The descriptors node 0 needs for a fleet of `nodes`: two per node's connection and per
+/// joining one (a channel keeps a second handle for its writer), and room for the node's
+/// own sessions and files.
+pub fn open_files_needed(nodes: u32) -> u64 {
+    2 * (nodes as u64 + max_opening(nodes) as u64) + 256
+}
 
 /// A connection greeted and not yet joined.
 struct Opening {
@@ -138,10 +150,11 @@ impl Coordinator {
                     return;
                 }
             };
-            if openings.len() >= MAX_OPENING {
+            if openings.len() >= max_opening(self.barrier.nodes()) {
                 eprintln!(
-                    "rdmabench: fleet: a connection from {} was closed at once: {MAX_OPENING} others are still joining",
-                    chan.peer()
+                    "rdmabench: fleet: a connection from {} was closed at once: {} others are still joining",
+                    chan.peer(),
+                    openings.len()
                 );
                 close_aside(chan, "a connection beyond the limit");
                 continue;
@@ -173,23 +186,33 @@ impl Coordinator {
                 return close_aside(o.chan, "a refused connection");
             }
         };
-        let why = match msg {
-            Message::Join { node, nodes, plan, .. } => match self.barrier.join(node, nodes, &plan) {
-                Ok(()) => {
-                    o.chan.name_peer(&format!("node-{node}"));
-                    links.nodes[node as usize] = Some(o.chan);
-                    // Its arrival may have come with its join.
+        match msg {
+            Message::Join { node, nodes, plan, .. } => {
+                // A node that joins again (its first connection cut) replaces a connection
+                // that is gone; the barrier hears of the loss first.
+                if links.nodes.get(node as usize).is_some_and(Option::is_some) {
                     links.drain(&mut self.barrier, node);
-                    return;
                 }
-                Err(why) => why,
-            },
-            other => format!("this is a fleet's barrier; a {} has no place here", other.kind()),
-        };
-        eprintln!("rdmabench: fleet: refused a join from {}: {why}", o.chan.peer());
-        let _ = o.chan.send(&Message::Refuse { code: 2, message: why });
-        close_aside(o.chan, "a refused connection");
+                match self.barrier.join(node, nodes, &plan) {
+                    Ok(()) => {
+                        o.chan.name_peer(&format!("node-{node}"));
+                        links.nodes[node as usize] = Some(o.chan);
+                        // Its arrival may have come with its join.
+                        links.drain(&mut self.barrier, node);
+                    }
+                    Err(why) => refuse(o.chan, why),
+                }
+            }
+            other => refuse(o.chan, format!("this is a fleet's barrier; a {} has no place here", other.kind())),
+        }
     }
+}
+
+/// Tells a connection why it may not join, and closes it aside.
+fn refuse(mut chan: Channel, why: String) {
+    eprintln!("rdmabench: fleet: refused a join from {}: {why}", chan.peer());
+    let _ = chan.send(&Message::Refuse { code: 2, message: why });
+    close_aside(chan, "a refused connection");
 }
 
 /// Closes `chan` on a thread of its own: a clean close waits for the peer's own

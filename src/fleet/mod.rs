@@ -16,6 +16,7 @@ pub mod node;
 pub mod output;
 pub mod rows;
 pub mod schedule;
+pub mod simulate;
 
 use std::io::Write;
 
@@ -37,7 +38,7 @@ pub fn command(cfg: &node::NodeConfig, opts: &RunOptions, out: &mut dyn Write) -
         eprintln!("rdmabench: fleet: node {n} {why}");
     }
     let a = rows::judge(cfg.plan.nodes, &b.rows, &cfg.thresholds);
-    out.write_all(output::summary_md(cfg.plan.nodes, &b.rows, &a, &cfg.thresholds).as_bytes()).map_err(io)?;
+    out.write_all(output::summary_md(cfg.plan.nodes, &b.rows, &a, &cfg.thresholds, 0).as_bytes()).map_err(io)?;
     verdict_of(&a)
 }
 

@@ -41,6 +41,22 @@ pub struct NodeConfig {
     pub thresholds: Thresholds,
     /// How long the nodes have to start and join.
     pub join_timeout: Duration,
+    /// What the pairs run on.
+    pub measuring: Measuring,
+}
+
+/// What a node's pairs run on: the verbs (every real fleet), or a synthetic figure with no
+/// RDMA and no server, for the fleet simulator (`benches/fleet_sim.rs`): the real
+/// coordinator, barrier and node loop over real sockets, at a thousand nodes on one host.
+#[derive(Debug, Clone, Copy)]
+pub enum Measuring {
+    Verbs,
+    Synthetic {
+        /// Bandwidth of client -> server, Gb/s.
+        gbps: fn(u32, u32) -> f64,
+        /// How long each phase of a pair takes.
+        takes: Duration,
+    },
 }
 
 impl NodeConfig {
@@ -80,6 +96,8 @@ impl NodeConfig {
 pub struct NodeOutcome {
     pub rows: Vec<PairRow>,
     pub barrier: Option<Outcome>,
+    /// When this node's first task came: once every node had joined.
+    pub first_task: Option<Instant>,
 }
 
 pub fn run(cfg: &NodeConfig, opts: &RunOptions) -> Result<NodeOutcome> {
@@ -95,8 +113,14 @@ pub fn run(cfg: &NodeConfig, opts: &RunOptions) -> Result<NodeOutcome> {
     serving.connect_timeout = whole;
     // Both ports are taken before joining: a node that cannot serve stops here (exit 3)
     // with the reason, instead of being judged later for failing against its partners.
-    let door = serving.door()?;
+    // A simulated node serves nothing.
+    let door = match cfg.measuring {
+        Measuring::Verbs => Some(serving.door()?),
+        Measuring::Synthetic { .. } => None,
+    };
     let coordinator = if cfg.index == 0 {
+        let who = format!("node 0 of a fleet of {n} (its coordinator holds every node's connection)");
+        crate::session::open_files::ensure(super::coordinator::open_files_needed(n), &who)?;
         let listener = Listener::bind(opts.bind, cfg.barrier_port())?;
         let barrier = Barrier::new(
             n,
@@ -115,12 +139,12 @@ pub fn run(cfg: &NodeConfig, opts: &RunOptions) -> Result<NodeOutcome> {
     };
     // The serving thread's failed sessions, for the pair being served.
     let failures: Failures = Arc::default();
-    let server = {
+    let server = door.map(|door| {
         let o = serving.clone();
         let failures = Arc::clone(&failures);
         let failed = move |e: &Error| failures.lock().expect("no poisoning").push(e.message());
         std::thread::spawn(move || runner::serve_workload_at(door, &o, &failed))
-    };
+    });
     let outcome = take_tasks(cfg, opts, &fingerprint, &failures);
     // Node 0's verdict first: the coordinator ends with the barrier, whatever this node's
     // own server is doing (a stuck one must not hold the fleet's verdict).
@@ -128,20 +152,22 @@ pub fn run(cfg: &NodeConfig, opts: &RunOptions) -> Result<NodeOutcome> {
         Some(h) => Some(h.join().map_err(|_| Error::Check("the fleet's barrier panicked".into()))??),
         None => None,
     };
-    let mine = outcome?;
-    // This node's server ends with a finish from this node, as a workload's would; one
-    // that does not stop within SERVER_STOP is left behind and said so.
-    let mut finishing = serving.clone();
-    finishing.connect_timeout = FINISH_CONNECT;
-    let _ = runner::finish_workload(&cfg.peers[cfg.index as usize], &finishing);
-    let served = join_within(server, opts.timeout + SERVER_STOP);
-    match (served, &barrier) {
-        (Ok(()), _) => {}
-        // Node 0 still gives the verdict: its partners' rows already judge its server.
-        (Err(e), Some(_)) => eprintln!("rdmabench: fleet: {}", e.context("this node's server stopped")),
-        (Err(e), None) => return Err(e.context("this node's server stopped")),
+    let (mine, first_task) = outcome?;
+    if let Some(server) = server {
+        // This node's server ends with a finish from this node, as a workload's would; one
+        // that does not stop within SERVER_STOP is left behind and said so.
+        let mut finishing = serving.clone();
+        finishing.connect_timeout = FINISH_CONNECT;
+        let _ = runner::finish_workload(&cfg.peers[cfg.index as usize], &finishing);
+        let served = join_within(server, opts.timeout + SERVER_STOP);
+        match (served, &barrier) {
+            (Ok(()), _) => {}
+            // Node 0 still gives the verdict: its partners' rows already judge its server.
+            (Err(e), Some(_)) => eprintln!("rdmabench: fleet: {}", e.context("this node's server stopped")),
+            (Err(e), None) => return Err(e.context("this node's server stopped")),
+        }
     }
-    Ok(NodeOutcome { rows: mine, barrier })
+    Ok(NodeOutcome { rows: mine, barrier, first_task })
 }
 
 /// How long a node tries to reach its own server to tell it the fleet is over.
@@ -173,15 +199,15 @@ fn join_within(server: std::thread::JoinHandle<Result<()>>, within: Duration) ->
 
 /// The node's loop: join, then arrive -> task -> do it, until the coordinator says the
 /// fleet is over. Each measured pair's row is printed here, once.
-fn take_tasks(cfg: &NodeConfig, opts: &RunOptions, fingerprint: &str, failures: &Failures) -> Result<Vec<PairRow>> {
+fn take_tasks(
+    cfg: &NodeConfig,
+    opts: &RunOptions,
+    fingerprint: &str,
+    failures: &Failures,
+) -> Result<(Vec<PairRow>, Option<Instant>)> {
     let n = cfg.plan.nodes;
-    let mut chan = Channel::connect(&cfg.peers[0], cfg.barrier_port(), cfg.join_timeout, opts.timeout)?;
-    handshake::join(&mut chan, cfg.index, n, fingerprint, opts.token.as_ref())?;
-    chan.name_peer("node-0, the fleet's coordinator");
-    // Each side hears the other for the whole fleet: the coordinator beats from its loop,
-    // this node from a keepalive, so a coordinator that vanished (killed, host down, link
-    // cut) is named within --timeout, not after the plan's length.
-    chan.keep_alive();
+    let join_until = Instant::now() + cfg.join_timeout;
+    let mut chan = join_fleet(cfg, opts, fingerprint, join_until)?;
     let (mut mine, mut last, mut records) = (Vec::new(), Vec::new(), Vec::new());
     // The pair measured in an earlier phase, whose row is not due yet.
     let mut pending: Option<PairRow> = None;
@@ -189,10 +215,24 @@ fn take_tasks(cfg: &NodeConfig, opts: &RunOptions, fingerprint: &str, failures: 
     // whether the step just ended was its last phase.
     let mut serving: Option<(u32, Vec<counters::Reading>, bool)> = None;
     let mut step = 0u32;
+    let mut first_task = None;
     loop {
         let (rows, served) = (std::mem::take(&mut last), std::mem::take(&mut records));
-        chan.send(&Message::Arrive { step, rows, served })?;
-        let Task { work, .. } = match chan.recv("this node's task from the fleet's coordinator")? {
+        let answer = chan
+            .send(&Message::Arrive { step, rows, served })
+            .and_then(|()| chan.recv("this node's task from the fleet's coordinator"));
+        let answer = match answer {
+            // Before its first task a node's join may have been cut (node 0 sheds
+            // connections beyond its bound under a storm of joins): it joins again.
+            Err(e) if step == 0 && !matches!(e, Error::Interrupted(_)) && Instant::now() < join_until => {
+                eprintln!("rdmabench: fleet: the join was cut before the first task ({e}); joining again");
+                chan = join_fleet(cfg, opts, fingerprint, join_until)?;
+                continue;
+            }
+            answer => answer?,
+        };
+        first_task.get_or_insert_with(Instant::now);
+        let Task { work, .. } = match answer {
             Message::Task(t) if t.step == step => t,
             Message::Refuse { code, message } => {
                 return Err(Error::from_code(code, format!("the fleet's barrier refused this node: {message}")));
@@ -207,14 +247,14 @@ fn take_tasks(cfg: &NodeConfig, opts: &RunOptions, fingerprint: &str, failures: 
                 client,
                 server: cfg.index,
                 counters: counters_since(opts, &before),
-                error: (!errors.is_empty()).then(|| errors.join("; ")),
+                error: (!errors.is_empty()).then(|| crate::report::pairs::bounded(errors.join("; "))),
             };
             println!("{}", served.line());
             // Node 0 joins it to the pair's row too, for its own verdict.
             records.push(served);
         }
         match work {
-            Work::Done => return Ok(mine),
+            Work::Done => return Ok((mine, first_task)),
             Work::Measure { server, round, phases, retest, report } => {
                 if server >= n || server == cfg.index || phases.is_empty() {
                     return Err(Error::Peer(format!(
@@ -249,7 +289,11 @@ fn take_tasks(cfg: &NodeConfig, opts: &RunOptions, fingerprint: &str, failures: 
                     Some(s) => s.2 = report,
                     None => {
                         failures.lock().expect("no poisoning").clear();
-                        serving = Some((client, read_counters(opts), report));
+                        let before = match cfg.measuring {
+                            Measuring::Verbs => read_counters(opts),
+                            Measuring::Synthetic { .. } => Vec::new(),
+                        };
+                        serving = Some((client, before, report));
                     }
                 }
             }
@@ -257,6 +301,52 @@ fn take_tasks(cfg: &NodeConfig, opts: &RunOptions, fingerprint: &str, failures: 
         }
         step += 1;
     }
+}
+
+/// The first pause before a node tries to join again, doubled after each try up to
+/// [`JOIN_RETRY_MAX`].
+const JOIN_RETRY_FIRST: Duration = Duration::from_millis(100);
+const JOIN_RETRY_MAX: Duration = Duration::from_secs(3);
+
+/// Connects to the fleet's coordinator and joins, trying again with a growing pause (a
+/// fleet's nodes start within seconds of each other and node 0 may cut a join under the
+/// storm) until `until`, the join timeout; then says why the last try failed.
+fn join_fleet(cfg: &NodeConfig, opts: &RunOptions, fingerprint: &str, until: Instant) -> Result<Channel> {
+    let mut pause = JOIN_RETRY_FIRST;
+    for tries in 1u32.. {
+        let left = until.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
+        let joined = Channel::connect(&cfg.peers[0], cfg.barrier_port(), left, opts.timeout).and_then(|mut chan| {
+            handshake::join(&mut chan, cfg.index, cfg.plan.nodes, fingerprint, opts.token.as_ref())?;
+            Ok(chan)
+        });
+        match joined {
+            Ok(mut chan) => {
+                chan.name_peer("node-0, the fleet's coordinator");
+                // Each side hears the other for the whole fleet: the coordinator beats from
+                // its loop, this node from a keepalive, so a coordinator that vanished
+                // (killed, host down, link cut) is named within --timeout, not after the
+                // plan's length.
+                chan.keep_alive();
+                return Ok(chan);
+            }
+            Err(e @ Error::Interrupted(_)) => return Err(e),
+            Err(e) if Instant::now() + pause >= until => {
+                return Err(e.context(&format!(
+                    "node {} could not join the fleet's coordinator in {tries} tries within its join timeout ({:.0} s)",
+                    cfg.index,
+                    cfg.join_timeout.as_secs_f64()
+                )));
+            }
+            Err(e) => {
+                eprintln!("rdmabench: fleet: joining the coordinator failed ({e}); trying again");
+                // Nodes that failed together spread out: a pause of 1 to 2 times `pause`.
+                let spread = pause.mul_f64(f64::from(cfg.index % 16) / 16.0);
+                std::thread::sleep(pause + spread);
+                pause = (pause * 2).min(JOIN_RETRY_MAX);
+            }
+        }
+    }
+    unreachable!("the loop returns")
 }
 
 /// The row of this node's pair against `server`, before anything is measured.
@@ -274,6 +364,16 @@ fn new_row(cfg: &NodeConfig, opts: &RunOptions, (round, retest): (u32, Option<Re
 /// Measures `phases` of the pair into its row, with this side's port counters that moved
 /// meanwhile (added to what earlier phases moved).
 fn measure_phases(cfg: &NodeConfig, opts: &RunOptions, row: &mut PairRow, phases: &[Phase]) {
+    if let Measuring::Synthetic { gbps, takes } = cfg.measuring {
+        for phase in phases {
+            std::thread::sleep(takes);
+            match phase {
+                Phase::Bandwidth => row.gbps = Some(gbps(row.client, row.server)),
+                Phase::Latency => (row.p50_us, row.p99_us) = (Some(2.0), Some(3.0)),
+            }
+        }
+        return;
+    }
     let before = read_counters(opts);
     measure_each(cfg, opts, row, phases);
     for (name, delta) in counters_since(opts, &before) {

@@ -79,11 +79,14 @@ struct VerdictDoc<'a> {
     bad_nodes: Vec<&'a str>,
     bad_links: Vec<[&'a str; 2]>,
     flaky_pairs: Vec<[&'a str; 2]>,
+    /// Lines of the logs with a record's mark that could not be read, skipped (summarize;
+    /// node 0 reads none).
+    skipped_lines: usize,
     thresholds: &'a Thresholds,
     attribution: &'a Attribution,
 }
 
-pub fn verdict_json(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds) -> String {
+pub fn verdict_json(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds, skipped_lines: usize) -> String {
     let label = labels(nodes, rows);
     let v = VerdictDoc {
         schema: "rdmabench/fleet-verdict",
@@ -101,6 +104,7 @@ pub fn verdict_json(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Threshold
             .iter()
             .map(|f| [label[f.client as usize].as_str(), label[f.server as usize].as_str()])
             .collect(),
+        skipped_lines,
         thresholds: t,
         attribution: a,
     };
@@ -170,7 +174,7 @@ fn colour(ratio: f64) -> String {
     format!("#{r:02x}{g:02x}50")
 }
 
-pub fn summary_md(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds) -> String {
+pub fn summary_md(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds, skipped_lines: usize) -> String {
     let label = labels(nodes, rows);
     let planned = rows.iter().filter(|r| !r.is_retest()).count();
     let failed = rows.iter().filter(|r| !r.is_retest() && !r.ok()).count();
@@ -192,6 +196,13 @@ pub fn summary_md(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds)
         ),
     };
     let _ = writeln!(s, "**Verdict: {verdict}**\n");
+    if skipped_lines > 0 {
+        let _ = writeln!(
+            s,
+            "{skipped_lines} line(s) of the logs carried a record that could not be read and were skipped \
+             (summarize printed each, with its line number); a pair they held counts as missing.\n"
+        );
+    }
     s.push_str("| node | bandwidth vs typical | z | failed partners | p50 us | verdict |\n|---|---|---|---|---|---|\n");
     for n in &a.nodes {
         let _ = writeln!(
@@ -300,13 +311,20 @@ fn sentences<R: std::fmt::Display>(reasons: &[R]) -> String {
 }
 
 /// Writes every file into `dir`; returns their paths.
-pub fn write_all(dir: &Path, nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds) -> Result<Vec<String>> {
+pub fn write_all(
+    dir: &Path,
+    nodes: u32,
+    rows: &[PairRow],
+    a: &Attribution,
+    t: &Thresholds,
+    skipped_lines: usize,
+) -> Result<Vec<String>> {
     std::fs::create_dir_all(dir).map_err(|e| Error::Usage(format!("cannot create {}: {e}", dir.display())))?;
     let mut files: Vec<(String, String)> = vec![
         ("pairs.jsonl".into(), pairs_jsonl(rows)),
-        ("verdict.json".into(), verdict_json(nodes, rows, a, t)),
+        ("verdict.json".into(), verdict_json(nodes, rows, a, t, skipped_lines)),
         ("heatmap.svg".into(), heatmap_svg(nodes, rows, a)),
-        ("summary.md".into(), summary_md(nodes, rows, a, t)),
+        ("summary.md".into(), summary_md(nodes, rows, a, t, skipped_lines)),
     ];
     for m in METRICS {
         files.push((format!("matrix-{m}.csv"), matrix_csv(nodes, rows, m)));
@@ -362,9 +380,9 @@ mod tests {
         let t = Thresholds::default();
         let a = rows::judge(5, &r, &t);
         assert_eq!(a.bad_nodes(), [1]);
-        let v: serde_json::Value = serde_json::from_str(&verdict_json(5, &r, &a, &t)).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&verdict_json(5, &r, &a, &t, 0)).unwrap();
         assert_eq!((v["verdict"].as_str(), v["bad_nodes"][0].as_str()), (Some("fail"), Some("n1")));
-        let md = summary_md(5, &r, &a, &t);
+        let md = summary_md(5, &r, &a, &t, 0);
         assert!(md.contains("| n1 | 0.400x") && md.contains("**bad**"), "{md}");
         let svg = heatmap_svg(5, &r, &a);
         roxmltree::Document::parse(&svg).unwrap();
@@ -379,7 +397,7 @@ mod tests {
         failed.peer_counters = [("duplicate_request".to_string(), 12)].into();
         failed.peer_error = Some("waited for send completions | 5.0 s".into());
         let t = Thresholds::default();
-        let md = summary_md(5, &r, &rows::judge(5, &r, &t), &t);
+        let md = summary_md(5, &r, &rows::judge(5, &r, &t), &t, 0);
         let line = md.lines().find(|l| l.starts_with("| n2 -> n0 |")).unwrap_or_else(|| panic!("{md}"));
         assert_eq!(
             line,

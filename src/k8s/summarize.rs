@@ -99,63 +99,180 @@ pub fn parse(reader: impl BufRead) -> Result<Vec<PodResult>> {
     records(reader, MARK, |r: &PodResult| (r.pod, r.peer, 0, false), "result for pod {0} -> pod {1}")
 }
 
-/// The records after `mark` in the logs, each with a `key` that no two may share (the
-/// message names it by `what`, with {0} and {1} its first two parts).
-fn records<T: serde::de::DeserializeOwned>(
-    reader: impl BufRead,
-    mark: &str,
-    key: impl Fn(&T) -> (u32, u32, u32, bool),
-    what: &str,
-) -> Result<Vec<T>> {
-    let mut out: Vec<T> = Vec::new();
-    let mut seen = std::collections::HashMap::new();
-    let mut reader = reader;
+/// A line of a log that carries one of the marks: a record (which mark, and the JSON text
+/// after it), or why it is not one.
+enum Marked<'a> {
+    Record {
+        mark: usize,
+        json: &'a str,
+    },
+    /// The mark after other text than a `kubectl logs` prefix: a program's message quoting
+    /// a record (a peer's error), not a record.
+    Quoted {
+        mark: usize,
+        before: String,
+    },
+}
+
+/// Every line of `reader` that carries one of `marks` (the first of them on the line), with
+/// its line number (from 1).
+fn each_marked(reader: &mut dyn BufRead, marks: &[&str], mut f: impl FnMut(usize, Marked) -> Result<()>) -> Result<()> {
     let mut line = String::new();
-    for n in 0usize.. {
+    for n in 1usize.. {
         line.clear();
         match reader.read_line(&mut line) {
             Ok(0) => break,
             Ok(_) => {}
             Err(e) => return Err(Error::Usage(format!("cannot read the logs: {e}"))),
         }
-        let line = line.trim_end_matches(['\n', '\r']);
-        let Some(at) = line.find(mark) else { continue };
-        if !log_prefix(&line[..at]) {
-            return Err(Error::Usage(format!(
-                "line {}: {mark}after other text ({:?}): not a result record of a pod; summarize reads `kubectl logs` \
-                 output, optionally with --timestamps or --prefix",
-                n + 1,
-                line[..at].chars().take(60).collect::<String>()
-            )));
-        }
-        let r: T = serde_json::from_str(&line[at + mark.len()..])
-            .map_err(|e| Error::Usage(format!("line {}: a malformed {mark}line: {e}", n + 1)))?;
-        let k = key(&r);
-        if let Some(first) = seen.insert(k, n + 1) {
-            let what = what.replace("{0}", &k.0.to_string()).replace("{1}", &k.1.to_string());
-            return Err(Error::Usage(format!(
-                "line {}: a second {what} (the first is on line {first}): the logs hold it twice (collected twice?) \
-                 or a line is forged",
-                n + 1
-            )));
-        }
-        out.push(r);
+        let text = line.trim_end_matches(['\n', '\r']);
+        let found = marks.iter().enumerate().filter_map(|(k, m)| text.find(m).map(|at| (at, k))).min();
+        let Some((at, mark)) = found else { continue };
+        let prefix = &text[..at];
+        let marked = if log_prefix(prefix) {
+            Marked::Record { mark, json: &text[at + marks[mark].len()..] }
+        } else {
+            Marked::Quoted { mark, before: prefix.chars().take(60).collect() }
+        };
+        f(n, marked)?;
     }
+    Ok(())
+}
+
+/// Records whose keys no two may share: a second one means logs collected twice or a
+/// forged line. `what` names a record, with {0} and {1} the key's first two parts.
+struct Unique {
+    seen: std::collections::HashMap<(u32, u32, u32, bool), String>,
+}
+
+impl Unique {
+    fn new() -> Unique {
+        Unique { seen: std::collections::HashMap::new() }
+    }
+
+    fn insert(&mut self, key: (u32, u32, u32, bool), at: String, what: &str) -> Result<()> {
+        match self.seen.insert(key, at.clone()) {
+            None => Ok(()),
+            Some(first) => {
+                let what = what.replace("{0}", &key.0.to_string()).replace("{1}", &key.1.to_string());
+                Err(Error::Usage(format!(
+                    "{at}: a second {what} (the first is on {first}): the logs hold it twice (collected twice?) or a \
+                     line is forged"
+                )))
+            }
+        }
+    }
+}
+
+/// The records after `mark` in the logs, each with a `key` that no two may share (the
+/// message names it by `what`, with {0} and {1} its first two parts). Strict: a line with
+/// the mark that is not a whole record is an error.
+fn records<T: serde::de::DeserializeOwned>(
+    mut reader: impl BufRead,
+    mark: &str,
+    key: impl Fn(&T) -> (u32, u32, u32, bool),
+    what: &str,
+) -> Result<Vec<T>> {
+    let mut out: Vec<T> = Vec::new();
+    let mut unique = Unique::new();
+    each_marked(&mut reader, &[mark], |n, marked| match marked {
+        Marked::Quoted { before, .. } => Err(Error::Usage(format!(
+            "line {n}: {mark}after other text ({before:?}): not a result record of a pod; summarize reads `kubectl \
+             logs` output, optionally with --timestamps or --prefix"
+        ))),
+        Marked::Record { json, .. } => {
+            let r: T = serde_json::from_str(json)
+                .map_err(|e| Error::Usage(format!("line {n}: a malformed {mark}line: {e}")))?;
+            unique.insert(key(&r), format!("line {n}"), what)?;
+            out.push(r);
+            Ok(())
+        }
+    })?;
     Ok(out)
 }
 
 /// Reads every log of `paths` (`-`: stdin) with `parse`.
 fn read_logs<T>(paths: &[String], parse: impl Fn(&mut dyn BufRead) -> Result<Vec<T>>) -> Result<Vec<T>> {
     let mut all = Vec::new();
+    each_log(paths, |_, r| {
+        all.extend(parse(r)?);
+        Ok(())
+    })?;
+    Ok(all)
+}
+
+/// Opens each of `paths` (`-`: stdin, which can be read once) and hands it to `f` with the
+/// name messages give it.
+fn each_log(paths: &[String], mut f: impl FnMut(&str, &mut dyn BufRead) -> Result<()>) -> Result<()> {
+    if paths.iter().filter(|p| *p == "-").count() > 1 {
+        return Err(Error::Usage("`-` (stdin) is given twice; a pipe can be read only once: give it once".into()));
+    }
     for p in paths {
         if p == "-" {
-            all.extend(parse(&mut std::io::stdin().lock())?);
+            f("stdin", &mut std::io::stdin().lock())?;
         } else {
-            let f = std::fs::File::open(p).map_err(|e| Error::Usage(format!("cannot read {p}: {e}")))?;
-            all.extend(parse(&mut std::io::BufReader::new(f))?);
+            let file = std::fs::File::open(p).map_err(|e| Error::Usage(format!("cannot read {p}: {e}")))?;
+            f(p, &mut std::io::BufReader::new(file))?;
         }
     }
-    Ok(all)
+    Ok(())
+}
+
+/// A fleet's records in its logs, read once (a pipe gives its text once): every pair's
+/// row and every server's record. A line with a mark that cannot be read (cut short,
+/// garbled, quoted inside another message, or naming a node outside the plan) is skipped
+/// and said why, with its file and line; the same record twice is an error.
+#[derive(Default)]
+struct FleetLogs {
+    rows: Vec<PairRow>,
+    served: Vec<ServedRow>,
+    /// One line per skipped line: where, and why.
+    skipped: Vec<String>,
+}
+
+fn fleet_logs(paths: &[String], nodes: u32) -> Result<FleetLogs> {
+    let mut logs = FleetLogs::default();
+    let (mut rows, mut served) = (Unique::new(), Unique::new());
+    let marks = [PAIR_MARK, SERVED_MARK];
+    each_log(paths, |name, reader| {
+        each_marked(reader, &marks, |n, marked| {
+            let at = format!("{name} line {n}");
+            let json = match marked {
+                Marked::Quoted { mark, before } => {
+                    let mark = marks[mark].trim_end();
+                    logs.skipped.push(format!("{at}: {mark} after other text ({before:?}), not a record"));
+                    return Ok(());
+                }
+                Marked::Record { mark, json } => (mark, json),
+            };
+            let skip = |why: String| format!("{at}: {why}");
+            match json {
+                (0, text) => match serde_json::from_str::<PairRow>(text).map_err(|e| e.to_string()).and_then(|r| {
+                    r.check(nodes)?;
+                    Ok(r)
+                }) {
+                    Ok(r) => {
+                        let key = (r.client, r.server, r.step, r.source == RowSource::Coordinator);
+                        rows.insert(key, at, "pair {0} -> {1} of one step")?;
+                        logs.rows.push(r);
+                    }
+                    Err(e) => logs.skipped.push(skip(format!("an unreadable {PAIR_MARK}line: {e}"))),
+                },
+                (_, text) => match serde_json::from_str::<ServedRow>(text).map_err(|e| e.to_string()).and_then(|s| {
+                    s.check(nodes)?;
+                    Ok(s)
+                }) {
+                    Ok(s) => {
+                        served.insert((s.client, s.server, s.step, false), at, "served pair {0} -> {1} of one step")?;
+                        logs.served.push(s);
+                    }
+                    Err(e) => logs.skipped.push(skip(format!("an unreadable {SERVED_MARK}line: {e}"))),
+                },
+            }
+            Ok(())
+        })
+    })?;
+    Ok(logs)
 }
 
 /// `summarize --fleet all-pairs`: every pair's `RDMABENCH_PAIR` line from the pods' logs
@@ -171,24 +288,19 @@ pub fn all_pairs(
     out: &mut dyn Write,
 ) -> Result<()> {
     plan.check().map_err(Error::Usage)?;
-    let mut rows: Vec<PairRow> = read_logs(paths, |r| {
-        records(
-            r,
-            PAIR_MARK,
-            |p: &PairRow| (p.client, p.server, p.step, p.source == RowSource::Coordinator),
-            "pair {0} -> {1} of one step",
-        )
-    })?;
-    for r in &rows {
-        r.check(plan.nodes).map_err(|e| Error::Usage(format!("a {PAIR_MARK}line: {e}")))?;
+    let logs = fleet_logs(paths, plan.nodes)?;
+    for why in &logs.skipped {
+        eprintln!("rdmabench: skipped {why}");
     }
+    let skipped = logs.skipped.len();
+    let mut rows = logs.rows;
     if rows.is_empty() {
         return Err(Error::Usage(format!(
             "no {PAIR_MARK}lines in {}; pass every pod's log (kubectl logs -l batch.kubernetes.io/job-name=JOB --tail=-1)",
             paths.join(", ")
         )));
     }
-    join_served(paths, plan.nodes, &mut rows)?;
+    rows::join_served(&mut rows, logs.served);
     let replaced = rows::prefer_measured(&mut rows);
     if replaced > 0 {
         eprintln!(
@@ -206,35 +318,17 @@ pub fn all_pairs(
     rows.extend(missing);
     let a = rows::judge(plan.nodes, &rows, t);
     if let Some(dir) = out_dir {
-        for f in output::write_all(dir, plan.nodes, &rows, &a, t)? {
+        for f in output::write_all(dir, plan.nodes, &rows, &a, t, skipped)? {
             eprintln!("rdmabench: wrote {f}");
         }
     }
     let text = if json {
-        output::verdict_json(plan.nodes, &rows, &a, t)
+        output::verdict_json(plan.nodes, &rows, &a, t, skipped)
     } else {
-        output::summary_md(plan.nodes, &rows, &a, t)
+        output::summary_md(plan.nodes, &rows, &a, t, skipped)
     };
     out.write_all(text.as_bytes()).map_err(|e| Error::Environment(format!("cannot write: {e}")))?;
     crate::fleet::verdict_of(&a)
-}
-
-/// Each server's `RDMABENCH_SERVED` line joined to its pair's row: the server's counters
-/// and its own error, so a failed pair is seen from both ends.
-fn join_served(paths: &[String], nodes: u32, rows: &mut [PairRow]) -> Result<()> {
-    let served: Vec<ServedRow> = read_logs(paths, |r| {
-        records(
-            r,
-            SERVED_MARK,
-            |s: &ServedRow| (s.client, s.server, s.step, false),
-            "served pair {0} -> {1} of one step",
-        )
-    })?;
-    for s in &served {
-        s.check(nodes).map_err(|e| Error::Usage(format!("a {SERVED_MARK}line: {e}")))?;
-    }
-    rows::join_served(rows, served);
-    Ok(())
 }
 
 fn first_metric(run: &RunDocument, metric: &str) -> Option<f64> {

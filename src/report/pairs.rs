@@ -119,12 +119,12 @@ pub struct PairError {
 impl PairError {
     /// The error of `phase` (None: before any) from a run's error.
     pub fn of(e: &Error, phase: Option<Phase>) -> PairError {
-        PairError { kind: FailureKind::of(e), phase, node: None, message: e.message() }
+        PairError { kind: FailureKind::of(e), phase, node: None, message: bounded(e.message()) }
     }
 
     /// A pair that never ran, or never reported, because `node` of it left the fleet.
     pub fn node_left(node: u32, message: String) -> PairError {
-        PairError { kind: FailureKind::NodeLeft, phase: None, node: Some(node), message }
+        PairError { kind: FailureKind::NodeLeft, phase: None, node: Some(node), message: bounded(message) }
     }
 }
 
@@ -249,6 +249,22 @@ fn check_counters(c: &BTreeMap<String, u64>) -> Result<(), String> {
 /// The longest error message a row may carry from a peer.
 pub const MAX_ERROR_LEN: usize = 4096;
 
+/// `text` cut to at most [`MAX_ERROR_LEN`] bytes (at a character boundary) with a marker
+/// saying how much was cut: what the node that writes a row does with an error, so that
+/// no honest row is refused for a long message (a peer's abort can quote a megabyte).
+pub fn bounded(text: String) -> String {
+    if text.len() <= MAX_ERROR_LEN {
+        return text;
+    }
+    // The marker's own length, with the most digits a cut can have.
+    let room = MAX_ERROR_LEN - " [... 18446744073709551615 bytes cut]".len();
+    let mut end = room;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{} [... {} bytes cut]", &text[..end], text.len() - end)
+}
+
 impl PairRow {
     /// A pair that measured nothing (its error says why); the sizes are 0: not measured.
     pub fn failed(
@@ -351,6 +367,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_megabyte_error_is_cut_by_its_writer_and_the_row_passes_every_check() {
+        // A peer's abort text of 1 MiB, with multi-byte characters at the cut.
+        let long = "é".repeat(512 * 1024);
+        let e = PairError::of(&Error::Peer(long.clone()), Some(Phase::Bandwidth));
+        assert!(e.message.len() <= MAX_ERROR_LEN, "{}", e.message.len());
+        assert!(e.message.ends_with(&format!("[... {} bytes cut]", long.len() - e.message.find(" [...").unwrap())));
+        let row = PairRow::failed(0, 0, None, 0, 1, e);
+        row.check(2).unwrap();
+        let served = ServedRow { step: 0, client: 0, server: 1, counters: BTreeMap::new(), error: Some(bounded(long)) };
+        served.check(2).unwrap();
+        assert_eq!(bounded("short".into()), "short");
+    }
+
+    #[test]
     fn a_row_reads_back_with_its_error_kind_phase_and_retest() {
         let mut r = PairRow::failed(
             4,
@@ -378,7 +408,8 @@ mod tests {
         r.retest = Some(Retest::Node { node: 0 });
         assert!(r.check(3).unwrap_err().contains("of other nodes"));
         let mut r = ok.clone();
-        r.error = Some(PairError::node_left(2, "y".repeat(MAX_ERROR_LEN + 1)));
+        // Forged past the writer's cut (`bounded`), which honest rows always pass.
+        r.error.as_mut().unwrap().message = "y".repeat(MAX_ERROR_LEN + 1);
         assert!(r.check(3).is_err());
         let mut r = ok;
         r.gbps = Some(f64::NAN);

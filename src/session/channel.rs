@@ -162,6 +162,9 @@ pub struct Listener {
     port: u16,
 }
 
+/// How many connections the kernel may queue for a listener before it accepts them.
+const LISTEN_BACKLOG: libc::c_int = 4096;
+
 impl Listener {
     /// Listens on `port` at `bind`, or on every address (IPv6 and IPv4 through one
     /// dual-stack socket; IPv4 alone where the kernel has no IPv6).
@@ -181,6 +184,10 @@ impl Listener {
                     .map_err(|e| fail("every IPv4 address".into(), e))?,
             },
         };
+        // A longer queue of connections not yet accepted than std's 128: a fleet's nodes
+        // all connect to node 0 at once (the kernel caps it at net.core.somaxconn).
+        // SAFETY: listen on the socket this listener owns; it only resizes the queue.
+        unsafe { libc::listen(listener.as_raw_fd(), LISTEN_BACKLOG) };
         listener.set_nonblocking(true).map_err(|e| Error::Environment(format!("listener: {e}")))?;
         // Port 0 asks the kernel for one: keep the one it gave.
         let port = listener.local_addr().map_or(port, |a| a.port());

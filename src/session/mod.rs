@@ -7,6 +7,7 @@ pub mod channel;
 pub mod door;
 pub mod frame;
 pub mod handshake;
+pub mod open_files;
 pub mod proto;
 
 pub use channel::{Channel, Listener, PeerPoll};

@@ -432,6 +432,28 @@ fn joins_with_another_plan_or_index_are_refused() {
     assert!(sim.b.join(0, 4, "other").unwrap_err().contains("is not this fleet's"));
     assert!(sim.b.join(0, 5, "plan").unwrap_err().contains("is not this fleet's"));
     assert!(sim.b.join(4, 4, "plan").unwrap_err().contains("no node of a fleet of 4"));
+    sim.b.join(1, 4, "plan").unwrap();
+    assert!(sim.b.join(1, 4, "plan").unwrap_err().contains("has joined already"), "a second node 1");
+}
+
+#[test]
+fn a_node_whose_connection_broke_before_the_start_joins_again() {
+    let mut sim = Sim::new(plan(4, Directions::One, None));
+    sim.b.join(2, 4, "plan").unwrap();
+    // Its join cut under a storm of joins: not gone from the fleet, absent again.
+    assert!(sim.b.lost(2, "the connection closed".into(), sim.now).is_empty());
+    // Every node joins (node 2 again) and the fleet runs whole.
+    sim.start();
+    sim.run_out();
+    let (o, _) = sim.outcome();
+    assert!(o.dead.is_empty(), "{:?}", o.dead);
+    // Once the fleet has begun, a lost node has left for good.
+    let mut sim = Sim::new(plan(4, Directions::One, None));
+    sim.start();
+    let _ = sim.tasks[2].take();
+    let a = sim.b.lost(2, "killed".into(), sim.now);
+    sim.apply(a);
+    assert!(sim.b.join(2, 4, "plan").unwrap_err().contains("the fleet went on without it"));
 }
 
 #[test]
@@ -633,5 +655,13 @@ fn a_server_sends_only_the_records_of_pairs_it_served() {
     let task = sim.tasks[server as usize].take().unwrap();
     let rows: Vec<PairRow> = sim.row_of(server, &task).into_iter().collect();
     let a = sim.b.arrive(server, task.step + 1, rows, vec![record(0, client, server)], sim.now);
+    assert!(matches!(&a[0], Action::Dismiss { why, .. } if why.contains("or sent before")), "{a:?}");
+    // The same record twice within one arrival is refused too.
+    let mut sim = Sim::new(plan(4, Directions::One, None));
+    sim.start();
+    sim.step_all();
+    let task = sim.tasks[server as usize].take().unwrap();
+    let twice = vec![record(0, client, server), record(0, client, server)];
+    let a = sim.b.arrive(server, task.step + 1, Vec::new(), twice, sim.now);
     assert!(matches!(&a[0], Action::Dismiss { why, .. } if why.contains("or sent before")), "{a:?}");
 }
