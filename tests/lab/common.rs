@@ -68,12 +68,17 @@ pub fn run(args: &[&str]) -> Out {
 
 /// Runs a server with `server_extra` and a client of the same test with `client_extra`.
 pub fn pair(test: &str, client_extra: &[&str], server_extra: &[&str]) -> (Out, Out) {
+    pair_with_timeout(test, "5", client_extra, server_extra)
+}
+
+/// A pair whose sides both run with `--timeout timeout` (the lab's is 5 s).
+pub fn pair_with_timeout(test: &str, timeout: &str, client_extra: &[&str], server_extra: &[&str]) -> (Out, Out) {
     let port = next_port();
-    let mut sargs = vec![test, "-p", &port, "--connect-timeout", "30", "--timeout", "5"];
+    let mut sargs = vec![test, "-p", &port, "--connect-timeout", "30", "--timeout", timeout];
     sargs.extend_from_slice(server_extra);
     let server = spawn(&sargs);
     let addr = server_addr();
-    let mut cargs = vec![test, "-p", &port, "--connect-timeout", "30", "--timeout", "5"];
+    let mut cargs = vec![test, "-p", &port, "--connect-timeout", "30", "--timeout", timeout];
     cargs.extend_from_slice(client_extra);
     cargs.push(&addr);
     let client = finish(spawn(&cargs), Duration::from_secs(120));
