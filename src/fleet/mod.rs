@@ -34,10 +34,14 @@ pub fn command(cfg: &node::NodeConfig, opts: &RunOptions, out: &mut dyn Write) -
     for r in b.coordinator_rows() {
         writeln!(out, "{}", r.line()).map_err(io)?;
     }
-    for (n, why) in &b.dead {
+    let mut left = Vec::new();
+    for (&n, why) in &b.dead {
         eprintln!("rdmabench: fleet: node {n} {why}");
+        let record = crate::report::pairs::LeftRow { node: n, why: format!("node {n} {why}") };
+        writeln!(out, "{}", record.line()).map_err(io)?;
+        left.push(record);
     }
-    let a = rows::judge(cfg.plan.nodes, &b.rows, &cfg.thresholds);
+    let a = rows::judge_with_departures(cfg.plan.nodes, &b.rows, &left, &cfg.thresholds);
     out.write_all(output::summary_md(cfg.plan.nodes, &b.rows, &a, &cfg.thresholds, 0).as_bytes()).map_err(io)?;
     verdict_of(&a)
 }

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use super::attribution::{self, Attribution, Observation, Thresholds};
 use super::schedule::Pair;
-use crate::report::pairs::{PairError, PairRow, Retest, RowSource, ServedRow};
+use crate::report::pairs::{LeftRow, PairError, PairRow, Retest, RowSource, ServedRow};
 
 /// An index of `n` nodes' ordered pairs: which item (row, observation) each pair's is.
 #[derive(Debug, Clone)]
@@ -124,6 +124,17 @@ pub fn observation(r: &PairRow) -> Observation {
 pub fn judge(nodes: u32, rows: &[PairRow], t: &Thresholds) -> Attribution {
     let observations: Vec<Observation> = rows.iter().map(observation).collect();
     attribution::judge(nodes, &observations, t)
+}
+
+/// The verdict from the rows and the nodes that left the fleet (the barrier's record:
+/// node 0's own, or its `RDMABENCH_LEFT` lines): each is bad for leaving, even one that
+/// left after its last pair.
+pub fn judge_with_departures(nodes: u32, rows: &[PairRow], left: &[LeftRow], t: &Thresholds) -> Attribution {
+    let mut a = judge(nodes, rows, t);
+    for l in left {
+        a.mark_left(l.node, &l.why);
+    }
+    a
 }
 
 #[cfg(test)]

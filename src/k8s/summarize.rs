@@ -12,7 +12,7 @@ use crate::fleet::attribution::Thresholds;
 use crate::fleet::output;
 use crate::fleet::rows::{self, Expected};
 use crate::fleet::schedule::Plan;
-use crate::report::pairs::{PAIR_MARK, PairError, PairRow, RowSource, SERVED_MARK, ServedRow};
+use crate::report::pairs::{LEFT_MARK, LeftRow, PAIR_MARK, PairError, PairRow, RowSource, SERVED_MARK, ServedRow};
 use crate::report::run::RunDocument;
 use crate::units::Sig;
 
@@ -226,6 +226,7 @@ fn each_log(paths: &[String], mut f: impl FnMut(&str, &mut dyn BufRead) -> Resul
 struct FleetLogs {
     rows: Vec<PairRow>,
     served: Vec<ServedRow>,
+    left: Vec<LeftRow>,
     /// One line per skipped line: where, and why.
     skipped: Vec<String>,
 }
@@ -233,7 +234,7 @@ struct FleetLogs {
 fn fleet_logs(paths: &[String], nodes: u32) -> Result<FleetLogs> {
     let mut logs = FleetLogs::default();
     let (mut rows, mut served) = (Unique::new(), Unique::new());
-    let marks = [PAIR_MARK, SERVED_MARK];
+    let marks = [PAIR_MARK, SERVED_MARK, LEFT_MARK];
     each_log(paths, |name, reader| {
         each_marked(reader, &marks, |n, marked| {
             let at = format!("{name} line {n}");
@@ -257,6 +258,16 @@ fn fleet_logs(paths: &[String], nodes: u32) -> Result<FleetLogs> {
                         logs.rows.push(r);
                     }
                     Err(e) => logs.skipped.push(skip(format!("an unreadable {PAIR_MARK}line: {e}"))),
+                },
+                (2, text) => match serde_json::from_str::<LeftRow>(text).map_err(|e| e.to_string()).and_then(|l| {
+                    l.check(nodes)?;
+                    Ok(l)
+                }) {
+                    Ok(l) if logs.left.iter().any(|x| x.node == l.node) => {
+                        return Err(Error::Usage(format!("{at}: a second departure of node {}", l.node)));
+                    }
+                    Ok(l) => logs.left.push(l),
+                    Err(e) => logs.skipped.push(skip(format!("an unreadable {LEFT_MARK}line: {e}"))),
                 },
                 (_, text) => match serde_json::from_str::<ServedRow>(text).map_err(|e| e.to_string()).and_then(|s| {
                     s.check(nodes)?;
@@ -316,7 +327,7 @@ pub fn all_pairs(
     let why = "no result in the logs (the pod was lost, or its log was not collected)";
     let missing = rows::missing(&rows, &expected, |e| PairError::node_left(e.pair.client, why.to_string()));
     rows.extend(missing);
-    let a = rows::judge(plan.nodes, &rows, t);
+    let a = rows::judge_with_departures(plan.nodes, &rows, &logs.left, t);
     if let Some(dir) = out_dir {
         for f in output::write_all(dir, plan.nodes, &rows, &a, t, skipped)? {
             eprintln!("rdmabench: wrote {f}");
@@ -714,6 +725,24 @@ mod tests {
         std::fs::write(&log, twice).unwrap();
         let e = all_pairs(&[log.display().to_string()], &plan, &Thresholds::default(), None, true, &mut Vec::new());
         assert!(e.unwrap_err().message().contains("a second pair 0 -> 1"));
+    }
+
+    #[test]
+    fn a_node_that_left_after_its_last_pair_is_named_from_node_0s_line() {
+        let plan = Plan { nodes: 3, directions: crate::fleet::schedule::Directions::One, max_pairs_per_round: None };
+        let mut lines: Vec<String> =
+            plan.steps().iter().flat_map(|s| s.pairs.iter().map(|p| pair_line(s.index, p.client, p.server))).collect();
+        let why = "node 2 left the fleet at step 6: the connection closed";
+        lines.push(crate::report::pairs::LeftRow { node: 2, why: why.into() }.line());
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("fleet.log");
+        std::fs::write(&log, lines.join("\n")).unwrap();
+        let mut out = Vec::new();
+        let e = all_pairs(&[log.display().to_string()], &plan, &Thresholds::default(), None, true, &mut out);
+        assert_eq!(e.unwrap_err().exit_code(), 1);
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["bad_nodes"], serde_json::json!(["node-2"]), "{v:#}");
+        assert_eq!(v["attribution"]["nodes"][2]["reasons"][0], why);
     }
 
     #[test]

@@ -16,6 +16,8 @@ use crate::error::Error;
 pub const PAIR_MARK: &str = "RDMABENCH_PAIR ";
 /// The marker of a server's line for a pair it served.
 pub const SERVED_MARK: &str = "RDMABENCH_SERVED ";
+/// The marker of node 0's line for a node that left the fleet.
+pub const LEFT_MARK: &str = "RDMABENCH_LEFT ";
 /// The most counter names a row carries for one side.
 pub const MAX_ROW_COUNTERS: usize = 1024;
 
@@ -234,6 +236,33 @@ impl ServedRow {
                 "served pair {} -> {} has an error over {MAX_ERROR_LEN} bytes",
                 self.client, self.server
             ));
+        }
+        Ok(())
+    }
+}
+
+/// A node that left the fleet, in the barrier's words (when, and why): printed once, by
+/// node 0, as a `RDMABENCH_LEFT` line, so that `summarize` names it as node 0 does, even
+/// when it left after its last pair.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeftRow {
+    pub node: u32,
+    pub why: String,
+}
+
+impl LeftRow {
+    pub fn line(&self) -> String {
+        format!("{LEFT_MARK}{}", serde_json::to_string(self).expect("a record serialises"))
+    }
+
+    /// Bounds a record from a log.
+    pub fn check(&self, nodes: u32) -> Result<(), String> {
+        if self.node >= nodes {
+            return Err(format!("node {} is no node of a fleet of {nodes}", self.node));
+        }
+        if self.why.len() > MAX_ERROR_LEN {
+            return Err(format!("node {}'s departure is over {MAX_ERROR_LEN} bytes", self.node));
         }
         Ok(())
     }
