@@ -24,8 +24,8 @@ fn unix_ms(t: SystemTime) -> u128 {
 fn node0(nodes: u32, port: u16) {
     let out = node::run(&simulate::config(0, nodes, port), &simulate::options()).expect("node 0 ran");
     let b = out.barrier.expect("node 0 has the barrier");
-    let a = rdmabench::fleet::rows::judge(nodes, &b.rows, &Thresholds::default());
-    eprintln!("SIM node 0: rows={} left={} verdict={:?}", b.rows.len(), b.dead.len(), a.verdict());
+    let a = rdmabench::fleet::rows::judge_observations(nodes, b.observations(), &[], &Thresholds::default());
+    eprintln!("SIM node 0: rows={} left={} verdict={:?}", b.row_count(), b.dead.len(), a.verdict());
 }
 
 /// `--nodes N PORT`: nodes 1..N as threads, released together; says when the last of
@@ -94,7 +94,7 @@ fn simulate(nodes: u32, port: u16) {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     let joined = Duration::from_millis(joined_ms.saturating_sub(unix_ms(start)) as u64);
-    let steps = simulate::config(0, nodes, port).plan.steps().len() * PHASES.len();
+    let steps = simulate::config(0, nodes, port).plan.step_count() * PHASES.len();
     let per_step = total.saturating_sub(joined).as_secs_f64() * 1e3 / steps as f64;
     println!(
         "{nodes:>5} nodes: all joined after {:>6.2} s; {steps:>5} steps in {:>7.1} s: {per_step:>6.2} ms of coordination a \

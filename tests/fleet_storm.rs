@@ -28,6 +28,7 @@ fn two_hundred_nodes_started_at_once_all_join_and_the_fleet_passes() {
     let b = zero.barrier.unwrap();
     assert!(b.dead.is_empty(), "{:?}", b.dead.iter().take(3).collect::<Vec<_>>());
     let planned = simulate::config(0, NODES, port).plan.steps().iter().map(|s| s.pairs.len()).sum::<usize>();
-    assert_eq!(b.rows.len(), planned, "every planned pair has its row");
+    assert_eq!(b.row_count(), planned, "every planned pair has its row");
+    assert_eq!(b.records, planned, "and its server's record");
     eprintln!("{NODES} nodes joined within {joined:?}; the fleet took {:?}", t.elapsed());
 }

@@ -427,8 +427,13 @@ fn polish(n: usize, obs: &[(usize, usize, f64)]) -> (f64, Vec<Option<f64>>) {
 /// failed pairs flaky. A suspect link likewise against what its two nodes predict. A
 /// suspect without a retest keeps its verdict.
 pub fn judge(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
+    judge_owned(n, rows.to_vec(), t)
+}
+
+/// [`judge`], taking the observations (node 0's half a million, not copied).
+pub fn judge_owned(n: u32, rows: Vec<Observation>, t: &Thresholds) -> Attribution {
     // A failed pair that passed its retest is judged by the retest's figures, and flaky.
-    let mut planned: Vec<Observation> = rows.iter().filter(|r| r.retest.is_none()).cloned().collect();
+    let (mut planned, rows): (Vec<Observation>, Vec<Observation>) = rows.into_iter().partition(|r| r.retest.is_none());
     let mut table = PairTable::new(n);
     for (k, r) in planned.iter().enumerate() {
         table.insert_first(r.client, r.server, k);
@@ -640,20 +645,21 @@ pub fn attribute(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
     struct Fold<'a> {
         a: u32,
         b: u32,
-        both: Vec<&'a Observation>,
+        /// Its one or two directions (no allocation: a thousand nodes have half a million
+        /// links).
+        both: [Option<&'a Observation>; 2],
         gbps: Option<f64>,
         p50: Option<f64>,
         residual: Option<f64>,
     }
-    let mut folds = Vec::new();
+    let mut folds = Vec::with_capacity(n * n.saturating_sub(1) / 2);
     for a in 0..n as u32 {
         for b in a + 1..n as u32 {
-            let both: Vec<&Observation> =
-                [table.get(a, b), table.get(b, a)].into_iter().flatten().map(|k| planned[k]).collect();
-            if both.is_empty() {
+            let both = [table.get(a, b), table.get(b, a)].map(|k| k.map(|k| planned[k]));
+            if both.iter().all(Option::is_none) {
                 continue;
             }
-            let good = || both.iter().filter(|r| r.error.is_none());
+            let good = || both.iter().flatten().filter(|r| r.error.is_none());
             let gbps = median(&mut good().filter_map(|r| r.gbps).collect::<Vec<_>>());
             let p50 = median(&mut good().filter_map(|r| r.p50_us).collect::<Vec<_>>());
             let residual = match (gbps.filter(|g| *g > 0.0), effects[a as usize], effects[b as usize]) {
@@ -676,7 +682,7 @@ pub fn attribute(n: u32, rows: &[Observation], t: &Thresholds) -> Attribution {
             let ends_bad = nodes[a as usize].bad || nodes[b as usize].bad;
             let mut reasons = Vec::new();
             // A pair that failed because a node left is that node's, never its link's.
-            for r in f.both.iter().filter(|r| r.error.is_some() && r.left.is_none()) {
+            for r in f.both.iter().flatten().filter(|r| r.error.is_some() && r.left.is_none()) {
                 let error = r.error.clone().unwrap_or_default();
                 reasons.push(LinkReason::Failed { client: r.client, server: r.server, error });
             }

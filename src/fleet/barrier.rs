@@ -15,8 +15,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::time::Duration;
 
-use super::attribution::{self, NodeReason, Thresholds};
-use super::rows::{self, Expected};
+use super::attribution::{self, NodeReason, Observation, Thresholds};
+use super::rows::{self, Expected, Figures};
 use super::schedule::{Pair, Step};
 use crate::report::pairs::{FailureKind, PairError, PairRow, Phase, Retest, RowSource, ServedRow};
 use crate::session::proto::{Task, Work};
@@ -84,7 +84,9 @@ enum Stage {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepPlan {
     pub phases: Vec<Phase>,
-    pub pairs: Vec<Expected>,
+    /// Shared by the steps of one set's phases (a thousand nodes' plan holds half a
+    /// million pairs once, not once a phase).
+    pub pairs: std::sync::Arc<[Expected]>,
     pub reports: bool,
 }
 
@@ -97,7 +99,7 @@ type Planned = (Pair, u32, Option<Retest>);
 /// pair's stream); the last reports the rows, which carry its index.
 fn phased(pairs: &[Planned], phases: &[Vec<Phase>], first: u32) -> Vec<StepPlan> {
     let last = first + phases.len() as u32 - 1;
-    let expected: Vec<Expected> =
+    let expected: std::sync::Arc<[Expected]> =
         pairs.iter().map(|&(pair, round, retest)| Expected { step: last, round, retest, pair }).collect();
     phases
         .iter()
@@ -106,13 +108,36 @@ fn phased(pairs: &[Planned], phases: &[Vec<Phase>], first: u32) -> Vec<StepPlan>
         .collect()
 }
 
-/// What the barrier saw: every row (the nodes' and its own) and who left, and why.
+/// What the barrier saw: every pair's row (the nodes' and its own; a healthy planned
+/// pair's as its figures alone) and who left, and why.
 #[derive(Debug, Default)]
 pub struct Outcome {
+    /// Every row but those kept as `figures`: failed pairs, retests, the coordinator's.
     pub rows: Vec<PairRow>,
-    /// What each server saw of the pair it served (`rows::join_served` joins them).
+    /// The healthy planned pairs, each as the figures the verdict weighs ([`Figures`]).
+    pub figures: Vec<Figures>,
+    /// Each node's name, from the first row that gave it.
+    pub names: Vec<Option<String>>,
+    /// What the server saw of each pair that node 0 shows from both ends (a failed pair,
+    /// or one whose server had an error); `rows::join_served` joins them.
     pub served: Vec<ServedRow>,
+    /// How many servers' records came (every pair's server sends one).
+    pub records: usize,
     pub dead: BTreeMap<u32, Departure>,
+}
+
+#[cfg(test)]
+impl Outcome {
+    /// Every row, the healthy ones rebuilt from their figures: what the tests look at.
+    pub fn all_rows(&self) -> Vec<PairRow> {
+        let mut all = self.rows.clone();
+        all.extend(self.figures.iter().map(|f| {
+            let mut r = PairRow::blank(f.step, 0, None, f.client, f.server);
+            (r.gbps, r.p50_us, r.p99_us) = (f.gbps, f.p50_us, f.p99_us);
+            r
+        }));
+        all
+    }
 }
 
 impl Outcome {
@@ -120,6 +145,16 @@ impl Outcome {
     /// node 0 prints these, so every pair's row is printed once.
     pub fn coordinator_rows(&self) -> impl Iterator<Item = &PairRow> {
         self.rows.iter().filter(|r| r.source == RowSource::Coordinator)
+    }
+
+    /// How many rows the pairs have: whole rows and figures.
+    pub fn row_count(&self) -> usize {
+        self.rows.len() + self.figures.len()
+    }
+
+    /// Every row as the verdict's arithmetic sees it.
+    pub fn observations(&self) -> Vec<Observation> {
+        self.rows.iter().map(rows::observation).chain(self.figures.iter().map(Figures::observation)).collect()
     }
 }
 
@@ -141,8 +176,14 @@ pub struct Barrier {
     assigned: Vec<Option<Expected>>,
     stage: Stage,
     rows: Vec<PairRow>,
-    /// Where the rows of the running step begin in `rows`.
+    figures: Vec<Figures>,
+    names: Vec<Option<String>>,
+    /// Where the rows and figures of the running step begin.
     step_rows: usize,
+    step_figures: usize,
+    /// The rows kept whole, by (step, client, server): their servers' records are kept.
+    whole: HashSet<(u32, u32, u32)>,
+    records: usize,
     retests_added: bool,
     /// The servers' records not yet received, by (step, client, server): a node may send
     /// only these.
@@ -173,6 +214,9 @@ impl Barrier {
             let pairs: Vec<_> = s.pairs.iter().map(|&p| (p, s.round, None)).collect();
             list.extend(phased(&pairs, phases, list.len() as u32));
         }
+        // Every planned pair's figures, reserved at once: half a million at a thousand
+        // nodes, which a doubling vector would copy (and hold twice) as they come.
+        let pairs: usize = steps.iter().map(|s| s.pairs.len()).sum();
         Barrier {
             nodes,
             fingerprint,
@@ -187,7 +231,12 @@ impl Barrier {
             assigned: vec![None; nodes as usize],
             stage: Stage::Joining { until: now + join_timeout },
             rows: Vec::new(),
+            figures: Vec::with_capacity(pairs),
+            names: vec![None; nodes as usize],
             step_rows: 0,
+            step_figures: 0,
+            whole: HashSet::new(),
+            records: 0,
             retests_added: false,
             owed: HashSet::new(),
             served: Vec::new(),
@@ -272,13 +321,38 @@ impl Barrier {
         if let Err(why) = self.check_rows(node, &rows).and_then(|()| self.check_served(node, &served)) {
             return self.depart(node, Departure::BadRow { step: awaited, why }, now);
         }
-        self.rows.extend(rows);
-        for s in &served {
-            self.owed.remove(&(s.step, s.client, s.server));
+        for r in rows {
+            self.keep(r);
         }
-        self.served.extend(served);
+        for s in served {
+            let key = (s.step, s.client, s.server);
+            self.owed.remove(&key);
+            self.records += 1;
+            // A healthy pair is shown from its client's side alone.
+            if s.error.is_some() || self.whole.contains(&key) {
+                self.served.push(s);
+            }
+        }
         self.members[node as usize] = Member::In { arrived: true };
         self.advance(now)
+    }
+
+    /// Keeps a row: its figures when they are all node 0 needs, else the row (slimmed),
+    /// and the names of its nodes.
+    fn keep(&mut self, mut r: PairRow) {
+        for (i, name) in [(r.client, &r.client_node), (r.server, &r.server_node)] {
+            if let Some(slot) = self.names.get_mut(i as usize).filter(|n| n.is_none() && !name.is_empty()) {
+                *slot = Some(name.clone());
+            }
+        }
+        match Figures::of(&r) {
+            Some(f) => self.figures.push(f),
+            None => {
+                r.slim();
+                self.whole.insert((r.step, r.client, r.server));
+                self.rows.push(r);
+            }
+        }
     }
 
     /// Node `node` sent `kind` where only its arrival may come.
@@ -355,7 +429,14 @@ impl Barrier {
                 _ => None,
             })
             .collect();
-        Outcome { rows: self.rows, served: self.served, dead }
+        Outcome {
+            rows: self.rows,
+            figures: self.figures,
+            names: self.names,
+            served: self.served,
+            records: self.records,
+            dead,
+        }
     }
 
     fn depart(&mut self, node: u32, why: Departure, now: Duration) -> Vec<Action> {
@@ -434,12 +515,12 @@ impl Barrier {
                 let retests = retest_steps(self, next);
                 self.steps.extend(retests);
             }
-            self.step_rows = self.rows.len();
+            (self.step_rows, self.step_figures) = (self.rows.len(), self.figures.len());
             if next as usize == self.steps.len() && !self.flushed && !self.owed.is_empty() {
                 // A server learns that its pair is over from its next task, and sends its
                 // record with the arrival after: one more step, where everyone rests.
                 self.flushed = true;
-                self.steps.push(StepPlan { phases: Vec::new(), pairs: Vec::new(), reports: false });
+                self.steps.push(StepPlan { phases: Vec::new(), pairs: Vec::new().into(), reports: false });
             }
             if next as usize >= self.steps.len() {
                 self.stage = Stage::Done;
@@ -464,11 +545,17 @@ impl Barrier {
             return;
         }
         let members = &self.members;
-        let filled = rows::missing(&self.rows[self.step_rows..], &self.steps[step as usize].pairs, |e| {
+        let present = self.rows[self.step_rows..]
+            .iter()
+            .map(rows::key)
+            .chain(self.figures[self.step_figures..].iter().map(|f| (f.client, f.server, false)));
+        let filled = rows::missing(present, &self.steps[step as usize].pairs, |e| {
             let x = e.pair.client;
             PairError::node_left(x, format!("node {x} {}", departure_of(members, x)))
         });
-        self.rows.extend(filled);
+        for r in filled {
+            self.keep(r);
+        }
     }
 
     /// Each live node's task in step `step`; a pair with a node that left gets its row here.
@@ -476,7 +563,7 @@ impl Barrier {
         let plan = self.steps[step as usize].clone();
         self.assigned.iter_mut().for_each(|a| *a = None);
         let mut tasks: Vec<Option<Work>> = (0..self.nodes).map(|i| self.live(i).then_some(Work::Rest)).collect();
-        for e in &plan.pairs {
+        for e in plan.pairs.iter() {
             let Pair { client, server } = e.pair;
             let gone = [client, server].into_iter().find(|&x| !self.live(x));
             if let Some(x) = gone {
@@ -488,7 +575,7 @@ impl Barrier {
                 let error = PairError::node_left(x, why);
                 let mut r = PairRow::failed(e.step, e.round, e.retest, client, server, error);
                 r.source = RowSource::Coordinator;
-                self.rows.push(r);
+                self.keep(r);
                 continue;
             }
             tasks[client as usize] = Some(Work::Measure {
@@ -530,7 +617,13 @@ fn departure_of(members: &[Member], node: u32) -> String {
 /// against the best node that is not suspect, each suspect link again, each failed pair
 /// again. A node that left the fleet is bad for leaving and is not retested.
 fn retest_steps(b: &Barrier, first: u32) -> Vec<StepPlan> {
-    let observations: Vec<_> = b.rows.iter().filter(|r| !r.is_retest()).map(rows::observation).collect();
+    let observations: Vec<Observation> = b
+        .rows
+        .iter()
+        .filter(|r| !r.is_retest())
+        .map(rows::observation)
+        .chain(b.figures.iter().map(Figures::observation))
+        .collect();
     let a = attribution::attribute(b.nodes, &observations, &b.thresholds);
     let alive = |x: u32| b.live(x);
     let mut good: Vec<&attribution::NodeVerdict> =

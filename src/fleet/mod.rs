@@ -41,8 +41,9 @@ pub fn command(cfg: &node::NodeConfig, opts: &RunOptions, out: &mut dyn Write) -
         writeln!(out, "{}", record.line()).map_err(io)?;
         left.push(record);
     }
-    let a = rows::judge_with_departures(cfg.plan.nodes, &b.rows, &left, &cfg.thresholds);
-    out.write_all(output::summary_md(cfg.plan.nodes, &b.rows, &a, &cfg.thresholds, 0).as_bytes()).map_err(io)?;
+    let a = rows::judge_observations(cfg.plan.nodes, b.observations(), &left, &cfg.thresholds);
+    let summary = output::summary_md_tallied(&output::Tally::of_outcome(&b), &b.rows, &a, &cfg.thresholds, 0);
+    out.write_all(summary.as_bytes()).map_err(io)?;
     verdict_of(&a)
 }
 

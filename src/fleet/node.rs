@@ -103,11 +103,10 @@ pub struct NodeOutcome {
 pub fn run(cfg: &NodeConfig, opts: &RunOptions) -> Result<NodeOutcome> {
     cfg.check()?;
     let n = cfg.plan.nodes;
-    let steps = cfg.plan.steps();
     let fingerprint = serde_json::to_string(&cfg.plan).expect("a plan serialises");
     let step_timeout = cfg.step_timeout(opts);
     // The longest a node may wait for its next task: every step, the retests and the join.
-    let whole = cfg.join_timeout + step_timeout * (steps.len() as u32 + 2 * n + 2);
+    let whole = cfg.join_timeout + step_timeout * (cfg.plan.step_count() as u32 + 2 * n + 2);
     let mut serving = opts.clone();
     serving.tcp_port = cfg.port + cfg.index as u16;
     serving.connect_timeout = whole;
@@ -125,7 +124,7 @@ pub fn run(cfg: &NodeConfig, opts: &RunOptions) -> Result<NodeOutcome> {
         let barrier = Barrier::new(
             n,
             fingerprint.clone(),
-            &steps,
+            &cfg.plan.steps(),
             &PHASES.map(<[Phase]>::to_vec),
             cfg.thresholds,
             cfg.join_timeout,

@@ -10,6 +10,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::attribution::{Attribution, Thresholds, Verdict};
+use super::barrier::Outcome;
 use super::rows::PairTable;
 use crate::error::{Error, Result};
 use crate::report::pairs::PairRow;
@@ -25,6 +26,12 @@ pub fn labels(nodes: u32, rows: &[PairRow]) -> Vec<String> {
             }
         }
     }
+    labels_from(&names)
+}
+
+/// Each node's label from its name, if one is known: `node-<i>` without one, and
+/// `<name>#<i>` for a name two nodes share.
+pub fn labels_from(names: &[Option<String>]) -> Vec<String> {
     let plain: Vec<String> =
         names.iter().enumerate().map(|(i, n)| n.clone().unwrap_or_else(|| format!("node-{i}"))).collect();
     let mut uses: HashMap<&str, u32> = HashMap::new();
@@ -174,11 +181,48 @@ fn colour(ratio: f64) -> String {
     format!("#{r:02x}{g:02x}50")
 }
 
+/// What the summary says of a fleet's rows besides the verdict: the nodes' labels, and
+/// how many pairs were measured (planned), failed, and retested.
+pub struct Tally {
+    pub labels: Vec<String>,
+    pub planned: usize,
+    pub failed: usize,
+    pub retests: usize,
+}
+
+impl Tally {
+    pub fn of(nodes: u32, rows: &[PairRow]) -> Tally {
+        Tally {
+            labels: labels(nodes, rows),
+            planned: rows.iter().filter(|r| !r.is_retest()).count(),
+            failed: rows.iter().filter(|r| !r.is_retest() && !r.ok()).count(),
+            retests: rows.iter().filter(|r| r.is_retest()).count(),
+        }
+    }
+
+    /// Node 0's, from the barrier's outcome (healthy pairs kept as figures).
+    pub fn of_outcome(o: &Outcome) -> Tally {
+        let mut t = Tally::of(o.names.len() as u32, &o.rows);
+        t.labels = labels_from(&o.names);
+        t.planned += o.figures.len();
+        t
+    }
+}
+
 pub fn summary_md(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds, skipped_lines: usize) -> String {
-    let label = labels(nodes, rows);
-    let planned = rows.iter().filter(|r| !r.is_retest()).count();
-    let failed = rows.iter().filter(|r| !r.is_retest() && !r.ok()).count();
-    let retests = rows.iter().filter(|r| r.is_retest()).count();
+    summary_md_tallied(&Tally::of(nodes, rows), rows, a, t, skipped_lines)
+}
+
+/// The summary from a [`Tally`] and the rows whose failures it lists.
+pub fn summary_md_tallied(
+    tally: &Tally,
+    rows: &[PairRow],
+    a: &Attribution,
+    t: &Thresholds,
+    skipped_lines: usize,
+) -> String {
+    let nodes = tally.labels.len();
+    let (label, planned, failed, retests) = (&tally.labels, tally.planned, tally.failed, tally.retests);
     let mut s = format!(
         "# Fleet: {nodes} nodes, {planned} pairs measured ({failed} failed), {retests} retests\n\n\
          Typical pair: {}, latency p50 {}.\n\n",
@@ -246,7 +290,7 @@ pub fn summary_md(nodes: u32, rows: &[PairRow], a: &Attribution, t: &Thresholds,
             let _ = writeln!(s, "| {} -> {} | {} |", label[f.client as usize], label[f.server as usize], f.error);
         }
     }
-    failed_pairs(&mut s, rows, &label);
+    failed_pairs(&mut s, rows, label);
     let _ = writeln!(
         s,
         "\nThresholds: node below {}x or z below {}, failing against {} of its partners; link below {}x with z below {}; \

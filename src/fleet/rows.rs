@@ -62,16 +62,61 @@ pub struct Expected {
     pub pair: Pair,
 }
 
+/// A healthy planned pair's row as node 0 keeps it: the figures its verdict weighs, the
+/// measuring node having printed the whole row. Half a million (a thousand nodes) take
+/// 32 MB, where whole rows took ten times that.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Figures {
+    pub step: u32,
+    pub client: u32,
+    pub server: u32,
+    pub gbps: Option<f64>,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+}
+
+impl Figures {
+    /// `r`'s figures when they are all node 0 needs of it: a planned pair its client
+    /// measured without an error on either side.
+    pub fn of(r: &PairRow) -> Option<Figures> {
+        (r.ok() && r.peer_error.is_none() && !r.is_retest() && r.source == RowSource::Client).then_some(Figures {
+            step: r.step,
+            client: r.client,
+            server: r.server,
+            gbps: r.gbps,
+            p50_us: r.p50_us,
+            p99_us: r.p99_us,
+        })
+    }
+
+    pub fn observation(&self) -> Observation {
+        Observation {
+            client: self.client,
+            server: self.server,
+            gbps: self.gbps,
+            p50_us: self.p50_us,
+            error: None,
+            left: None,
+            retest: None,
+        }
+    }
+}
+
+/// A row's key for [`missing`]: its pair, and whether it is a retest.
+pub fn key(r: &PairRow) -> (u32, u32, bool) {
+    (r.client, r.server, r.is_retest())
+}
+
 /// A failed row, written by the coordinator, for every `expected` pair that no row of
 /// `present` reports (a planned pair by any planned row of it, a retest by a retest: the
-/// step numbers depend on the fleet's cap, which its logs do not say); `why` says why it
-/// is missing.
-pub fn missing<'a>(
-    present: impl IntoIterator<Item = &'a PairRow>,
+/// step numbers depend on the fleet's cap, which its logs do not say; each given by its
+/// [`key`]); `why` says why it is missing.
+pub fn missing(
+    present: impl IntoIterator<Item = (u32, u32, bool)>,
     expected: &[Expected],
     why: impl Fn(&Expected) -> PairError,
 ) -> Vec<PairRow> {
-    let have: HashSet<(u32, u32, bool)> = present.into_iter().map(|r| (r.client, r.server, r.is_retest())).collect();
+    let have: HashSet<(u32, u32, bool)> = present.into_iter().collect();
     expected
         .iter()
         .filter(|e| !have.contains(&(e.pair.client, e.pair.server, e.retest.is_some())))
@@ -130,7 +175,12 @@ pub fn judge(nodes: u32, rows: &[PairRow], t: &Thresholds) -> Attribution {
 /// node 0's own, or its `RDMABENCH_LEFT` lines): each is bad for leaving, even one that
 /// left after its last pair.
 pub fn judge_with_departures(nodes: u32, rows: &[PairRow], left: &[LeftRow], t: &Thresholds) -> Attribution {
-    let mut a = judge(nodes, rows, t);
+    judge_observations(nodes, rows.iter().map(observation).collect(), left, t)
+}
+
+/// [`judge_with_departures`] on observations (node 0's, from whole rows and figures).
+pub fn judge_observations(nodes: u32, observations: Vec<Observation>, left: &[LeftRow], t: &Thresholds) -> Attribution {
+    let mut a = attribution::judge_owned(nodes, observations, t);
     for l in left {
         a.mark_left(l.node, &l.why);
     }
@@ -169,7 +219,7 @@ mod tests {
         let mut retest = ok_row(3, 2, 3);
         retest.retest = Some(Retest::Node { node: 2 });
         let present = [ok_row(7, 0, 1), retest];
-        let filled = missing(&present, &expected, |e| {
+        let filled = missing(present.iter().map(key), &expected, |e| {
             PairError::node_left(e.pair.client, format!("node {} left", e.pair.client))
         });
         assert_eq!(filled.len(), 1);

@@ -75,6 +75,18 @@ impl Plan {
         if self.nodes.is_multiple_of(2) { self.nodes - 1 } else { self.nodes }
     }
 
+    /// How many steps [`Plan::steps`] has, without making them (every node needs the
+    /// count; only node 0 the steps, half a million pairs at a thousand nodes).
+    pub fn step_count(&self) -> usize {
+        let passes = match self.directions {
+            Directions::One => 1,
+            Directions::Both => 2,
+        };
+        let per_round = (self.nodes / 2) as usize;
+        let per = self.max_pairs_per_round.unwrap_or(u32::MAX).max(1) as usize;
+        passes * self.rounds() as usize * per_round.div_ceil(per)
+    }
+
     /// Every step, in order.
     pub fn steps(&self) -> Vec<Step> {
         let passes = match self.directions {
@@ -129,6 +141,18 @@ mod tests {
 
     fn plan(nodes: u32, directions: Directions, max: Option<u32>) -> Plan {
         Plan { nodes, directions, max_pairs_per_round: max }
+    }
+
+    #[test]
+    fn the_step_count_is_the_steps_length() {
+        for n in 2..=40 {
+            for dirs in [Directions::One, Directions::Both] {
+                for max in [None, Some(1), Some(2), Some(3), Some(64)] {
+                    let p = plan(n, dirs, max);
+                    assert_eq!(p.step_count(), p.steps().len(), "{p:?}");
+                }
+            }
+        }
     }
 
     #[test]

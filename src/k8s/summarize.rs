@@ -325,7 +325,8 @@ pub fn all_pairs(
         .flat_map(|s| s.pairs.iter().map(|&pair| Expected { step: s.index, round: s.round, retest: None, pair }))
         .collect();
     let why = "no result in the logs (the pod was lost, or its log was not collected)";
-    let missing = rows::missing(&rows, &expected, |e| PairError::node_left(e.pair.client, why.to_string()));
+    let missing =
+        rows::missing(rows.iter().map(rows::key), &expected, |e| PairError::node_left(e.pair.client, why.to_string()));
     rows.extend(missing);
     let a = rows::judge_with_departures(plan.nodes, &rows, &logs.left, t);
     if let Some(dir) = out_dir {

@@ -341,6 +341,23 @@ impl PairRow {
         self.error.is_none()
     }
 
+    /// What node 0 keeps of a healthy pair's row, which its node has printed already: the
+    /// verdict's figures and the two nodes' names, not the addresses, devices, repeats or
+    /// counters (a thousand nodes' half a million rows must fit node 0's memory). A failed
+    /// row is kept whole: the summary shows it from both ends.
+    pub fn slim(&mut self) {
+        if self.error.is_some() || self.peer_error.is_some() {
+            return;
+        }
+        for s in [&mut self.client_addr, &mut self.server_addr, &mut self.op] {
+            *s = String::new();
+        }
+        (self.devices, self.peer_devices, self.gbps_repeats) = (Vec::new(), Vec::new(), Vec::new());
+        (self.counters, self.peer_counters) = (BTreeMap::new(), BTreeMap::new());
+        self.client_node.shrink_to_fit();
+        self.server_node.shrink_to_fit();
+    }
+
     pub fn is_retest(&self) -> bool {
         self.retest.is_some()
     }
