@@ -500,27 +500,37 @@ fn forged_duplicate_missing_and_out_of_turn_rows_dismiss_their_sender() {
     );
 }
 
-#[test]
-fn a_slow_node_and_a_slow_link_are_retested_after_the_plan_against_the_best_good_node() {
-    let p = plan(6, Directions::Both, None);
+/// Node 2 at half speed, link 1 - 4 at half speed, node 5 the best node by a little.
+fn slow_node_2_and_link_1_4(c: u32, s: u32) -> f64 {
+    let node = if c == 2 || s == 2 { 0.5 } else { 1.0 };
+    let link = if (c.min(s), c.max(s)) == (1, 4) { 0.5 } else { 1.0 };
+    let best = if c == 5 || s == 5 { 1.01 } else { 1.0 };
+    100.0 * node * link * best
+}
+
+/// `p`'s fleet of `slow_node_2_and_link_1_4` run out, and the retests it was handed as
+/// (step, client, server).
+fn retests_of_slow_node_and_link(p: Plan) -> (Sim, Vec<(u32, u32, u32)>) {
     let mut sim = Sim::new(p);
-    sim.gbps = |c, s| {
-        let node = if c == 2 || s == 2 { 0.5 } else { 1.0 };
-        let link = if (c.min(s), c.max(s)) == (1, 4) { 0.5 } else { 1.0 };
-        // Node 5 is the best, by a little.
-        let best = if c == 5 || s == 5 { 1.01 } else { 1.0 };
-        100.0 * node * link * best
-    };
+    sim.gbps = slow_node_2_and_link_1_4;
     sim.start();
     let planned = p.steps().len() as u32;
     sim.run_out();
     assert!(sim.done);
-    let retests: Vec<(u32, u32, u32)> = sim
+    let retests = sim
         .handed
         .iter()
         .filter(|(s, _)| **s >= planned)
         .flat_map(|(s, v)| v.iter().map(move |&(c, v)| (*s, c, v)))
         .collect();
+    (sim, retests)
+}
+
+#[test]
+fn a_slow_node_and_a_slow_link_are_retested_after_the_plan_against_the_best_good_node() {
+    let p = plan(6, Directions::Both, None);
+    let planned = p.steps().len() as u32;
+    let (sim, retests) = retests_of_slow_node_and_link(p);
     assert_eq!(retests, [(planned, 1, 4), (planned, 2, 5)], "node 2 against node 5, and link 1-4, in one step");
     let (o, printed) = sim.outcome();
     printed_once(&o, &printed);
@@ -536,23 +546,8 @@ fn retests_run_no_more_pairs_at_once_than_the_plan_allows() {
     // As above, under --max-pairs-per-round 1: the two retests are disjoint, yet each
     // gets a step of its own (two ping-pongs at once would measure the scheduler).
     let p = plan(6, Directions::One, Some(1));
-    let mut sim = Sim::new(p);
-    sim.gbps = |c, s| {
-        let node = if c == 2 || s == 2 { 0.5 } else { 1.0 };
-        let link = if (c.min(s), c.max(s)) == (1, 4) { 0.5 } else { 1.0 };
-        let best = if c == 5 || s == 5 { 1.01 } else { 1.0 };
-        100.0 * node * link * best
-    };
-    sim.start();
     let planned = p.steps().len() as u32;
-    sim.run_out();
-    assert!(sim.done);
-    let retests: Vec<(u32, u32, u32)> = sim
-        .handed
-        .iter()
-        .filter(|(s, _)| **s >= planned)
-        .flat_map(|(s, v)| v.iter().map(move |&(c, v)| (*s, c, v)))
-        .collect();
+    let (_, retests) = retests_of_slow_node_and_link(p);
     assert_eq!(retests, [(planned, 2, 5), (planned + 1, 1, 4)], "one pair a step");
 }
 
