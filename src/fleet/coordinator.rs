@@ -156,7 +156,8 @@ impl Coordinator {
                     chan.peer(),
                     openings.len()
                 );
-                close_aside(chan, "a connection beyond the limit");
+                // Not aside: a flood would cost a thread each.
+                chan.close_at_once();
                 continue;
             }
             match handshake::greet(&mut chan) {

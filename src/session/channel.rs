@@ -730,6 +730,15 @@ fn write_beat(w: &mut TcpStream, beat: &[u8], broken: &AtomicBool) -> std::io::R
     Ok(true)
 }
 
+impl Channel {
+    /// Closes at once, without the clean end's wait for the peer: for a connection this
+    /// side turns away before any session (one beyond a bound on connections still
+    /// opening), where nothing of this side's is in flight and a flood's peers never close.
+    pub fn close_at_once(self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
 impl Drop for Channel {
     /// Ends the session cleanly: the keepalive stops, this side half-closes (its last
     /// message goes out ahead of the FIN), then reads and discards what the peer still
@@ -929,6 +938,20 @@ mod tests {
         let c = Channel::connect("127.0.0.1", port, Duration::from_secs(2), timeout).unwrap();
         let (s, _) = l.accept().unwrap();
         (c, s)
+    }
+
+    #[test]
+    fn a_connection_turned_away_closes_at_once_and_a_session_lingers_for_its_peer() {
+        // The peer never closes: a clean end waits for it (up to LINGER or --timeout), a
+        // connection turned away does not wait at all.
+        let (c, _silent) = pair(Duration::from_secs(5));
+        let t = Instant::now();
+        c.close_at_once();
+        assert!(t.elapsed() < Duration::from_millis(200), "{:?}", t.elapsed());
+        let (c, _silent) = pair(Duration::from_secs(5));
+        let t = Instant::now();
+        drop(c);
+        assert!(t.elapsed() >= Duration::from_millis(1500), "{:?}", t.elapsed());
     }
 
     #[test]

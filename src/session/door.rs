@@ -71,6 +71,8 @@ impl Door {
                 "rdmabench: a connection from {} was closed at once: {MAX_OPENING} others are still opening",
                 chan.peer()
             );
+            // A clean end would wait for the stranger to close, holding the door.
+            chan.close_at_once();
             return;
         }
         self.opening.fetch_add(1, Ordering::Relaxed);
