@@ -340,11 +340,7 @@ impl Barrier {
     /// Keeps a row: its figures when they are all node 0 needs, else the row (slimmed),
     /// and the names of its nodes.
     fn keep(&mut self, mut r: PairRow) {
-        for (i, name) in [(r.client, &r.client_node), (r.server, &r.server_node)] {
-            if let Some(slot) = self.names.get_mut(i as usize).filter(|n| n.is_none() && !name.is_empty()) {
-                *slot = Some(name.clone());
-            }
-        }
+        super::output::note_names(&mut self.names, &r);
         match Figures::of(&r) {
             Some(f) => self.figures.push(f),
             None => {

@@ -20,13 +20,18 @@ use crate::report::pairs::PairRow;
 pub fn labels(nodes: u32, rows: &[PairRow]) -> Vec<String> {
     let mut names: Vec<Option<String>> = vec![None; nodes as usize];
     for r in rows {
-        for (i, name) in [(r.client, &r.client_node), (r.server, &r.server_node)] {
-            if (i as usize) < names.len() && !name.is_empty() && names[i as usize].is_none() {
-                names[i as usize] = Some(name.clone());
-            }
-        }
+        note_names(&mut names, r);
     }
     labels_from(&names)
+}
+
+/// The names `r` gives its two nodes, where none is known yet.
+pub fn note_names(names: &mut [Option<String>], r: &PairRow) {
+    for (i, name) in [(r.client, &r.client_node), (r.server, &r.server_node)] {
+        if let Some(slot) = names.get_mut(i as usize).filter(|n| n.is_none() && !name.is_empty()) {
+            *slot = Some(name.clone());
+        }
+    }
 }
 
 /// Each node's label from its name, if one is known: `node-<i>` without one, and
