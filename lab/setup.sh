@@ -24,15 +24,17 @@ lab_packages=(
 KUBE_VERSION=1.35.0
 KUBERNETES_VALIDATE=1.37.0
 
-# Validates manifests offline against the real Kubernetes schemas, --strict (unknown
-# fields are errors). Installs kubernetes-validate into target/kv once.
+# Validates manifests offline, strictly (unknown fields are errors): core kinds against
+# the real Kubernetes schemas (kubernetes-validate), a Volcano Job and a JobSet against
+# their CRDs' published schemas (k8s-jobs/schemas/), by lab/validate-manifests. Installs
+# kubernetes-validate (and with it jsonschema and PyYAML) into target/kv once.
 lab_kubernetes_validate() {
   local venv=target/kv
   if ! "$venv/bin/kubernetes-validate" --version 2>/dev/null | grep -qx "$KUBERNETES_VALIDATE"; then
     python3 -m venv "$venv" >&2
     "$venv/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE" >&2
   fi
-  "$venv/bin/kubernetes-validate" --strict --quiet -k "$KUBE_VERSION" "$@"
+  "$venv/bin/python" lab/validate-manifests "$KUBE_VERSION" "$@"
 }
 
 missing_packages() {

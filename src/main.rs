@@ -39,13 +39,9 @@ fn run_workload(args: &RunArgs, out: &mut dyn std::io::Write) -> Result<()> {
     workload::run::client(&plan, out).map(drop)
 }
 
-/// The fleet workload at `path`, or the shipped one.
-fn fleet_file(path: Option<&str>) -> Result<fleet::config::FleetFile> {
-    match path {
-        Some(p) => fleet::config::FleetFile::load(p),
-        None => fleet::config::FleetFile::parse(fleet::config::SHIPPED, "all-pairs.toml"),
-    }
-    .map_err(rdmabench::Error::Usage)
+/// The fleet workload at `path`, or the shipped one, with `--threshold`s over it.
+fn fleet_file(path: Option<&str>, thresholds: &[(String, f64)]) -> Result<fleet::config::FleetFile> {
+    fleet::config::FleetFile::load_with(path, thresholds).map_err(rdmabench::Error::Usage)
 }
 
 fn k8s_command(command: K8sCommand, out: &mut dyn std::io::Write) -> Result<()> {
@@ -74,6 +70,17 @@ fn k8s_command(command: K8sCommand, out: &mut dyn std::io::Write) -> Result<()> 
                     .ok()
             });
             write(out, &format!("{}\n", k8s::summarize::result_line(pod, peer, exit, run)))
+        }
+        K8sCommand::RenderVariants { dir } => {
+            for (path, request) in k8s::every_fleet_variant(8) {
+                let (params, _) = k8s::plan(&request)?;
+                let target = dir.join(&path);
+                std::fs::create_dir_all(&dir)
+                    .and_then(|_| std::fs::write(&target, k8s::manifest::render(&params)))
+                    .map_err(|e| rdmabench::Error::Environment(format!("cannot write {}: {e}", target.display())))?;
+                write(out, &format!("{}\n", target.display()))?;
+            }
+            Ok(())
         }
         K8sCommand::RenderAll { dir } => {
             for (path, request) in k8s::committed() {
@@ -117,7 +124,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Plot(args) => report::plot::command(&args.request()),
         Command::K8s { command } => k8s_command(command, out),
         Command::Summarize(a) if a.fleet.is_some() => {
-            let thresholds = fleet_file(a.workload.as_deref())?.thresholds;
+            let thresholds = fleet_file(a.workload.as_deref(), &a.thresholds)?.thresholds;
             let plan = fleet::schedule::Plan {
                 nodes: a.pods.expect("clap requires --pods with --fleet"),
                 directions: a.directions,
@@ -127,7 +134,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Summarize(a) => k8s::summarize::command(&a.logs, a.pods.map(|n| (n, a.topology)), a.json, out),
         Command::Fleet(a) => {
-            let file = fleet_file(a.workload.as_deref())?;
+            let file = fleet_file(a.workload.as_deref(), &a.thresholds)?;
             let cfg = fleet::node::NodeConfig {
                 index: a.index,
                 plan: fleet::schedule::Plan {
@@ -142,7 +149,15 @@ fn run(cli: Cli) -> Result<()> {
                 join_timeout: std::time::Duration::from_secs_f64(a.conn.connect_timeout.max(1.0)),
                 measuring: fleet::node::Measuring::Verbs,
             };
-            fleet::command(&cfg, &a.conn.run_options(true)?, out)
+            let ended = fleet::command(&cfg, &a.conn.run_options(true)?, out);
+            if let Some(path) = &a.termination_log {
+                let line = fleet::ending_line(a.index, a.pods, &ended);
+                // The fleet's outcome stands whether or not the message could be written.
+                if let Err(e) = std::fs::write(path, format!("{line}\n")) {
+                    eprintln!("rdmabench: cannot write the termination message to {}: {e}", path.display());
+                }
+            }
+            ended
         }
         Command::Completions { shell } => write_all(out, &docs::completions(shell)),
         Command::Docs { what: DocsCommand::Man } => write_all(out, &docs::man_page()),

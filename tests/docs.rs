@@ -337,3 +337,51 @@ fn every_visible_command_and_flag_is_documented() {
     assert!(all.len() > 100, "{}", all.len());
     assert!(missing.is_empty(), "in the CLI but in no document:\n{}", missing.join("\n"));
 }
+
+/// The fleet workload's keys docs/fleet.md lists are exactly the ones its parser takes,
+/// both ways: a key added to `[measure]` or `[thresholds]` must be documented, and a
+/// documented key must exist.
+#[test]
+fn the_fleet_workload_keys_the_docs_list_are_the_parsers() {
+    let text = std::fs::read_to_string(format!("{ROOT}/docs/fleet.md")).unwrap();
+    let listed_keys = |marker: &str| -> BTreeSet<String> {
+        // The first backticked name of each table row is its key.
+        let open = format!("<!-- {marker} -->");
+        let close = format!("<!-- /{marker} -->");
+        let start = text.find(&open).unwrap_or_else(|| panic!("no {open}")) + open.len();
+        let end = start + text[start..].find(&close).unwrap_or_else(|| panic!("no {close}"));
+        text[start..end].lines().filter_map(|l| l.split('`').nth(1)).map(str::to_string).collect()
+    };
+    let parser = |t: toml::Table| -> BTreeSet<String> { t.keys().cloned().collect() };
+    use rdmabench::fleet::config::{measure_keys, threshold_keys};
+    assert_eq!(listed_keys("fleet-measure-keys"), parser(measure_keys()), "[measure]");
+    assert_eq!(listed_keys("fleet-threshold-keys"), parser(threshold_keys()), "[thresholds]");
+    assert!(parser(threshold_keys()).len() >= 7 && parser(measure_keys()).len() >= 8);
+}
+
+/// `kubectl wait` takes one condition: one `--for`, and a JSONPath of one `{...}`
+/// expression (two concatenated, as a line once had, is refused by kubectl). The rendered
+/// fleets' headers say the same commands and are checked too.
+#[test]
+fn every_kubectl_wait_shown_has_one_condition() {
+    let mut lines: Vec<(String, String)> = Vec::new();
+    for (path, text) in documents() {
+        lines.extend(shell_lines(&text).into_iter().map(|l| (path.clone(), l)));
+    }
+    for entry in std::fs::read_dir(format!("{ROOT}/k8s-jobs/fleet")).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let header = text.lines().filter_map(|l| l.strip_prefix("# ")).filter(|l| l.starts_with("kubectl "));
+        lines.extend(header.map(|l| (path.display().to_string(), l.to_string())));
+    }
+    let waits: Vec<&(String, String)> =
+        lines.iter().filter(|(_, l)| l.trim_start().starts_with("kubectl wait")).collect();
+    assert!(waits.len() >= 7, "the docs and the fleets show their waits: {waits:?}");
+    for (path, line) in waits {
+        assert_eq!(line.matches("--for").count(), 1, "{path}: {line}");
+        if let Some(i) = line.find("--for=jsonpath=") {
+            let expr = line[i..].split_whitespace().next().unwrap();
+            assert_eq!(expr.matches('{').count(), 1, "{path}: one JSONPath expression: {line}");
+        }
+    }
+}

@@ -590,7 +590,7 @@ impl PlotArgs {
 #[derive(Subcommand, Debug)]
 pub enum K8sCommand {
     /// Print a ready-to-apply Service + Indexed Job (YAML) for a platform mode.
-    Render(RenderArgs),
+    Render(Box<RenderArgs>),
     /// A fleet pod's role: prints `SERVE PEER` (e.g. `yes 3`); used by the Job's script.
     #[command(hide = true)]
     Role {
@@ -619,6 +619,10 @@ pub enum K8sCommand {
     /// Write every manifest of k8s-jobs/ into DIR (how the committed ones are made).
     #[command(hide = true)]
     RenderAll { dir: PathBuf },
+    /// Write every platform mode as an all-pairs fleet under every gang into DIR (what
+    /// lab/test schema-checks).
+    #[command(hide = true)]
+    RenderVariants { dir: PathBuf },
 }
 
 #[derive(Args, Debug)]
@@ -641,9 +645,9 @@ pub struct RenderArgs {
     pub machine_nics: Option<u32>,
     #[arg(long, default_value = crate::k8s::DEFAULT_IMAGE)]
     pub image: String,
-    /// A workload the image ships: smoke, acceptance, sweep, regression.
-    #[arg(long, default_value = "acceptance")]
-    pub workload: String,
+    /// A pair workload the image ships: smoke, acceptance (the default), sweep, regression.
+    #[arg(long)]
+    pub workload: Option<String>,
     #[arg(long, default_value = "default")]
     pub namespace: String,
     /// The Job and Service name (default rdmabench-PLATFORM-MODE).
@@ -658,12 +662,30 @@ pub struct RenderArgs {
     /// A fleet of N pods instead of a pair.
     #[arg(long, value_name = "N")]
     pub pods: Option<u32>,
-    /// How a fleet's pods pair up.
+    /// How a ring or pairs fleet's pods pair up (an all-pairs fleet: --fleet all-pairs).
     #[arg(long, value_enum, default_value = "ring", requires = "pods")]
     pub topology: Topology,
-    /// activeDeadlineSeconds of the Job.
-    #[arg(long, default_value_t = 1800, value_name = "SECS")]
-    pub deadline: i64,
+    /// An all-pairs fleet of --pods nodes (`rdmabench fleet`): every pair measured, the bad
+    /// node or link named by node 0.
+    #[arg(long, value_enum, requires = "pods", conflicts_with = "topology")]
+    pub fleet: Option<FleetKind>,
+    #[arg(long, value_enum, default_value = "none", requires = "fleet", help = crate::k8s::gang::GANG_HELP)]
+    pub gang: crate::k8s::gang::Gang,
+    /// The queue that admits the fleet: Kueue's LocalQueue (--gang kueue, jobset) or a Volcano queue.
+    #[arg(long, value_name = "NAME", requires = "fleet")]
+    pub queue: Option<String>,
+    /// With --fleet: `one`, the lower index measures against the higher; `both`: each way.
+    #[arg(long, value_enum, default_value = "one", requires = "fleet")]
+    pub directions: Directions,
+    /// With --fleet: at most this many pairs measure at once (default: every pair of a round).
+    #[arg(long, value_name = "N", requires = "fleet")]
+    pub max_pairs_per_round: Option<u32>,
+    #[arg(long = "threshold", value_name = "NAME=VALUE", value_parser = parse_param, requires = "fleet", help = FLEET_THRESHOLD_HELP)]
+    pub thresholds: Vec<(String, f64)>,
+    /// activeDeadlineSeconds (default: 1800 for a pair or ring; an all-pairs fleet's join
+    /// allowance and 60 s per step).
+    #[arg(long, value_name = "SECS")]
+    pub deadline: Option<i64>,
     /// TCP port of the control channel: pod i listens on PORT + i.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     pub port: u16,
@@ -693,7 +715,15 @@ impl RenderArgs {
             namespace: self.namespace.clone(),
             name: self.name.clone(),
             placement: if self.same_node { Placement::SameNode } else { Placement::CrossNode },
-            fleet: self.pods.map(|n| (n, self.topology)),
+            fleet: self.pods.filter(|_| self.fleet.is_none()).map(|n| (n, self.topology)),
+            all_pairs: self.fleet.map(|FleetKind::AllPairs| crate::k8s::all_pairs::AllPairs {
+                pods: self.pods.expect("clap requires --pods with --fleet"),
+                gang: self.gang,
+                queue: self.queue.clone(),
+                directions: self.directions,
+                max_pairs_per_round: self.max_pairs_per_round,
+                thresholds: self.thresholds.clone(),
+            }),
             deadline_s: self.deadline,
             port: self.port,
             rails: self.rails,
@@ -728,9 +758,17 @@ pub struct SummarizeArgs {
     /// With --fleet: write pairs.jsonl, matrix-*.csv, verdict.json, heatmap.svg and summary.md here.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    // With --fleet: a [thresholds] key over the workload's; the help is fleet's.
+    #[arg(long = "threshold", value_name = "NAME=VALUE", value_parser = parse_param, requires = "fleet", help = FLEET_THRESHOLD_HELP)]
+    pub thresholds: Vec<(String, f64)>,
 }
 
-/// The kinds of fleet `summarize --fleet` knows (`k8s render` renders ring and pairs fleets with `--topology`; an all-pairs Job is not rendered yet).
+/// `--threshold`'s help, for `fleet`, `summarize --fleet` and `k8s render --fleet all-pairs`.
+pub const FLEET_THRESHOLD_HELP: &str = "Set a [thresholds] key of the fleet workload: NAME=VALUE (repeatable), e.g. \
+     `--threshold max_flaky_pairs=2` or `--threshold node_min_ratio=0.9`; the command line wins over the file";
+
+/// The kinds of fleet `summarize --fleet` and `k8s render --fleet` know (`--topology`
+/// spells the older ring and pairs fleets).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum FleetKind {
     AllPairs,
@@ -757,6 +795,12 @@ pub struct FleetArgs {
     /// The fleet workload ([measure], [thresholds]); default: the shipped all-pairs.toml.
     #[arg(long, value_name = "FILE")]
     pub workload: Option<String>,
+    #[arg(long = "threshold", value_name = "NAME=VALUE", value_parser = parse_param, help = FLEET_THRESHOLD_HELP)]
+    pub thresholds: Vec<(String, f64)>,
+    /// Write one line saying how this node ended to FILE (node 0: the fleet's verdict), as
+    /// Kubernetes reads a container's termination message (/dev/termination-log).
+    #[arg(long, value_name = "FILE")]
+    pub termination_log: Option<PathBuf>,
     #[command(flatten)]
     pub conn: ConnectionArgs,
 }

@@ -7,6 +7,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::attribution::Thresholds;
+use crate::report::pairs::Phase;
+use crate::spec::{Measure, Operation, TestSpec};
 
 /// A fleet's ACK timeout exponent: 20 (4.096 us x 2^20 = 4.3 s), NCCL's default
 /// (`NCCL_IB_TIMEOUT`), so a fleet's QPs retransmit when the cluster's jobs would, not
@@ -71,6 +73,27 @@ impl Measurement {
         crate::spec::Fabric { qp_timeout: self.qp_timeout.unwrap_or(d.qp_timeout), ..d }
     }
 
+    /// The test a pair runs in `phase`.
+    pub fn spec(&self, phase: Phase) -> TestSpec {
+        match phase {
+            Phase::Bandwidth => TestSpec {
+                sizes: vec![self.bw_size],
+                iterations: self.bw_iterations,
+                num_qps: self.bw_qps,
+                warmup: self.warmup,
+                fabric: self.fabric(),
+                ..TestSpec::new(Operation::Write, Measure::Bandwidth)
+            },
+            Phase::Latency => TestSpec {
+                sizes: vec![self.lat_size],
+                iterations: self.lat_iterations,
+                warmup: self.warmup.min(self.lat_iterations),
+                fabric: self.fabric(),
+                ..TestSpec::new(Operation::Write, Measure::Latency)
+            },
+        }
+    }
+
     /// How long one pair may take before its step's barrier gives up on a node: every
     /// run's own deadline (`--timeout`) and a generous allowance for connecting and for
     /// this day's speed. The barrier waits only as long as the slowest pair needs.
@@ -103,7 +126,67 @@ impl FleetFile {
         let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
         Self::parse(&text, path)
     }
+
+    /// [`FleetFile::parse`] with `--threshold NAME=VALUE`s set over the file's
+    /// `[thresholds]` (the command line wins), each checked as the file's own would be.
+    pub fn parse_with(text: &str, path: &str, thresholds: &[(String, f64)]) -> Result<FleetFile, String> {
+        if thresholds.is_empty() {
+            return Self::parse(text, path);
+        }
+        let mut doc: toml::Table = toml::from_str(text).map_err(|e| format!("{path}: {e}"))?;
+        let keys = threshold_keys();
+        let table = doc.entry("thresholds").or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let toml::Value::Table(table) = table else {
+            return Err(format!("{path}: [thresholds] must be a table"));
+        };
+        for (name, value) in thresholds {
+            let Some(default) = keys.get(name) else {
+                return Err(format!(
+                    "--threshold {name}: a fleet's thresholds are {}",
+                    keys.keys().cloned().collect::<Vec<_>>().join(", ")
+                ));
+            };
+            let v = match default {
+                // A count (max_flaky_pairs): a whole number, 0 or more.
+                toml::Value::Integer(_) if value.fract() == 0.0 && *value >= 0.0 && *value <= f64::from(u32::MAX) => {
+                    toml::Value::Integer(*value as i64)
+                }
+                toml::Value::Integer(_) => {
+                    return Err(format!("--threshold {name}={value}: use a whole number, 0 or more"));
+                }
+                _ => toml::Value::Float(*value),
+            };
+            table.insert(name.clone(), v);
+        }
+        let merged = toml::to_string(&doc).map_err(|e| format!("{path}: {e}"))?;
+        Self::parse(&merged, &format!("{path} with --threshold"))
+    }
+
+    /// The file at `path` (or the shipped one) with `thresholds` set over it.
+    pub fn load_with(path: Option<&str>, thresholds: &[(String, f64)]) -> Result<FleetFile, String> {
+        match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read {p}: {e}"))?;
+                Self::parse_with(&text, p, thresholds)
+            }
+            None => Self::parse_with(SHIPPED, SHIPPED_NAME, thresholds),
+        }
+    }
 }
+
+/// Every `[thresholds]` key with its default: the struct's own fields, so the list cannot
+/// drift from what the parser takes.
+pub fn threshold_keys() -> toml::Table {
+    toml::Table::try_from(Thresholds::default()).expect("the thresholds serialise to a table")
+}
+
+/// Every `[measure]` key with its default.
+pub fn measure_keys() -> toml::Table {
+    toml::Table::try_from(Measurement::default()).expect("the measurement serialises to a table")
+}
+
+/// The shipped fleet workload's file name, as messages name it.
+pub const SHIPPED_NAME: &str = "all-pairs.toml";
 
 /// The fleet workload the image ships.
 pub const SHIPPED: &str = include_str!("../../workloads/fleet/all-pairs.toml");
@@ -116,6 +199,23 @@ mod tests {
     fn the_shipped_file_holds_the_defaults() {
         let f = FleetFile::parse(SHIPPED, "all-pairs.toml").unwrap();
         assert_eq!((f.measure, f.thresholds), (Measurement::default(), Thresholds::default()));
+    }
+
+    #[test]
+    fn thresholds_from_the_command_line_win_and_are_checked() {
+        let t = [("max_flaky_pairs".to_string(), 2.0), ("node_min_ratio".to_string(), 0.9)];
+        let f = FleetFile::parse_with(SHIPPED, "all-pairs.toml", &t).unwrap();
+        assert_eq!((f.thresholds.max_flaky_pairs, f.thresholds.node_min_ratio), (2, 0.9));
+        assert_eq!(f.measure, Measurement::default(), "the measurement is the file's");
+        // A file without [thresholds] takes them too.
+        let bare = FleetFile::parse_with("name = \"x\"\n", "f", &t).unwrap();
+        assert_eq!(bare.thresholds.max_flaky_pairs, 2);
+        let e = FleetFile::parse_with(SHIPPED, "f", &[("min_gbps".into(), 1.0)]).unwrap_err();
+        assert!(e.contains("--threshold min_gbps: a fleet's thresholds are") && e.contains("max_flaky_pairs"), "{e}");
+        let e = FleetFile::parse_with(SHIPPED, "f", &[("max_flaky_pairs".into(), 1.5)]).unwrap_err();
+        assert!(e.contains("whole number"), "{e}");
+        let e = FleetFile::parse_with(SHIPPED, "f", &[("node_min_ratio".into(), 1.5)]).unwrap_err();
+        assert!(e.contains("(0, 1]") && e.contains("with --threshold"), "{e}");
     }
 
     #[test]

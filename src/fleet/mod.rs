@@ -47,6 +47,19 @@ pub fn command(cfg: &node::NodeConfig, opts: &RunOptions, out: &mut dyn Write) -
     verdict_of(&a)
 }
 
+/// The one line a node leaves as its container's termination message: node 0's verdict,
+/// another node's end, or the error that ended it with its exit code; at most 4 KiB, the
+/// most a kubelet keeps.
+pub fn ending_line(index: u32, nodes: u32, ended: &Result<()>) -> String {
+    let line = match (ended, index) {
+        (Ok(()), 0) => format!("fleet of {nodes} nodes: PASS (node 0's verdict: no bad node, link or flaky pair)"),
+        (Ok(()), _) => format!("node {index} of {nodes}: done (node 0 gives the fleet's verdict)"),
+        (Err(e), 0) if e.exit_code() == 1 => format!("fleet of {nodes} nodes: FAIL (exit 1): {e}"),
+        (Err(e), _) => format!("node {index} of {nodes}: FAIL (exit {}): {e}", e.exit_code()),
+    };
+    crate::report::pairs::bounded(line)
+}
+
 /// Err (exit 1) naming what is bad, when anything is.
 pub fn verdict_of(a: &attribution::Attribution) -> Result<()> {
     if a.verdict() == attribution::Verdict::Pass {
@@ -64,4 +77,25 @@ pub fn verdict_of(a: &attribution::Attribution) -> Result<()> {
         flaky,
         a.flaky_allowed
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nodes_termination_message_says_how_it_ended_in_one_bounded_line() {
+        assert_eq!(
+            ending_line(0, 6, &Ok(())),
+            "fleet of 6 nodes: PASS (node 0's verdict: no bad node, link or flaky pair)"
+        );
+        assert_eq!(ending_line(3, 6, &Ok(())), "node 3 of 6: done (node 0 gives the fleet's verdict)");
+        let bad = Err(Error::Check("the fleet has 1 bad node(s) [4]".into()));
+        assert_eq!(ending_line(0, 6, &bad), "fleet of 6 nodes: FAIL (exit 1): the fleet has 1 bad node(s) [4]");
+        let lost = Err(Error::Peer("node 0's coordinator went silent".into()));
+        assert!(ending_line(2, 6, &lost).starts_with("node 2 of 6: FAIL (exit 4): "), "{}", ending_line(2, 6, &lost));
+        let long = Err(Error::Check("x".repeat(100_000)));
+        let line = ending_line(0, 1024, &long);
+        assert!(line.len() <= 4096 && line.ends_with("bytes cut]") && !line.contains('\n'));
+    }
 }

@@ -18,7 +18,6 @@ use crate::report::RunResult;
 use crate::report::pairs::{PairError, PairRow, Phase, Retest, ServedRow};
 use crate::session::proto::{Task, Work};
 use crate::session::{Channel, Listener, Message, handshake};
-use crate::spec::{Measure, Operation, TestSpec};
 use crate::verbs::counters;
 
 /// How a step of pairs is run: every pair's bandwidth at once (that loads the fabric),
@@ -410,23 +409,7 @@ fn measure_each(cfg: &NodeConfig, opts: &RunOptions, row: &mut PairRow, phases: 
         if row.error.is_some() {
             return;
         }
-        let spec = match phase {
-            Phase::Bandwidth => TestSpec {
-                sizes: vec![m.bw_size],
-                iterations: m.bw_iterations,
-                num_qps: m.bw_qps,
-                warmup: m.warmup,
-                fabric: m.fabric(),
-                ..TestSpec::new(Operation::Write, Measure::Bandwidth)
-            },
-            Phase::Latency => TestSpec {
-                sizes: vec![m.lat_size],
-                iterations: m.lat_iterations,
-                warmup: m.warmup.min(m.lat_iterations),
-                fabric: m.fabric(),
-                ..TestSpec::new(Operation::Write, Measure::Latency)
-            },
-        };
+        let spec = m.spec(phase);
         let (mut gbps, mut p50, mut p99) = (Vec::new(), Vec::new(), Vec::new());
         let result = (0..m.repeats).try_for_each(|_| {
             let run = runner::client(&host, &spec, &o)?;

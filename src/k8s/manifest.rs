@@ -43,6 +43,8 @@ pub struct JobParams {
     pub placement: Placement,
     /// A fleet of pods instead of one pair.
     pub fleet: Option<(u32, Topology)>,
+    /// An all-pairs fleet (`rdmabench fleet`, `super::all_pairs`).
+    pub all_pairs: Option<super::all_pairs::AllPairs>,
     pub deadline_s: i64,
     pub port: u16,
     /// How a pod's rails share the time (RDMABENCH_RAILS).
@@ -71,7 +73,7 @@ pub const CONTAINER: &str = "rdmabench";
 /// Where the image keeps the workload files.
 pub const WORKLOADS_DIR: &str = "/usr/share/rdmabench/workloads";
 
-fn labels(p: &JobParams) -> BTreeMap<String, String> {
+pub(super) fn labels(p: &JobParams) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("app.kubernetes.io/name".to_string(), "rdmabench".to_string()),
         ("app.kubernetes.io/instance".to_string(), p.name.clone()),
@@ -87,6 +89,11 @@ fn pod_selector(p: &JobParams) -> BTreeMap<String, String> {
 
 /// The headless Service that gives pod `i` the name `<job>-<i>.<service>`.
 pub fn service(p: &JobParams) -> Service {
+    headless_service(p, pod_selector(p))
+}
+
+/// A headless Service named like the Job selecting `selector`'s pods.
+pub(super) fn headless_service(p: &JobParams, selector: BTreeMap<String, String>) -> Service {
     Service {
         metadata: ObjectMeta {
             name: Some(p.name.clone()),
@@ -98,7 +105,7 @@ pub fn service(p: &JobParams) -> Service {
             cluster_ip: Some("None".into()),
             // The client must resolve the server before the server is Ready.
             publish_not_ready_addresses: Some(true),
-            selector: Some(pod_selector(p)),
+            selector: Some(selector),
             ports: Some(vec![ServicePort {
                 name: Some("control".into()),
                 port: p.port.into(),
@@ -111,7 +118,7 @@ pub fn service(p: &JobParams) -> Service {
     }
 }
 
-fn env(name: &str, value: impl Into<String>) -> EnvVar {
+pub(super) fn env(name: &str, value: impl Into<String>) -> EnvVar {
     EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() }
 }
 
@@ -162,6 +169,27 @@ exit $rc
 "#;
 
 fn container(p: &JobParams) -> Container {
+    let (pods, topology) = p.fleet.unwrap_or((2, Topology::Pairs));
+    let mut vars = vec![
+        env("RDMABENCH_JOB", &p.name),
+        env("RDMABENCH_SERVICE", &p.name),
+        env("RDMABENCH_ROLE_ARGS", format!("--pods {pods} --topology {}", topology.name())),
+        env("RDMABENCH_WORKLOAD", &p.workload),
+        env("RDMABENCH_RAILS", p.rails.label()),
+    ];
+    vars.push(env(
+        "RDMABENCH_RUN_ARGS",
+        p.params.iter().map(|(k, v)| format!("--param {k}={v}")).collect::<Vec<_>>().join(" "),
+    ));
+    pod_container(p, SCRIPT, vars)
+}
+
+/// The container every rendered pod runs: the image, `script` under /bin/sh, the
+/// environment every script reads (profile, validate's expectations, workloads, port,
+/// devices, the memory limit through the downward API, the Secret's token) and `extra`,
+/// the mode's resources (requests = limits), least privilege, /dev/shm and the mode's
+/// topology file.
+pub(super) fn pod_container(p: &JobParams, script: &str, extra: Vec<EnvVar>) -> Container {
     let m = p.mode;
     let quantity = if m.quantity_is_nics { p.nics } else { 1 };
     let mut resources = BTreeMap::from([
@@ -179,7 +207,6 @@ fn container(p: &JobParams) -> Container {
     if let Some(g) = p.gpus {
         validate_args.push_str(&format!(" --expect-gpus {g}"));
     }
-    let (pods, topology) = p.fleet.unwrap_or((2, Topology::Pairs));
     let mut mounts = vec![VolumeMount { name: "dshm".into(), mount_path: "/dev/shm".into(), ..Default::default() }];
     if m.topology_hostpath {
         mounts.push(VolumeMount {
@@ -189,51 +216,45 @@ fn container(p: &JobParams) -> Container {
             ..Default::default()
         });
     }
+    let mut all_env = vec![
+        env("RDMABENCH_PROFILE", m.profile),
+        env("RDMABENCH_VALIDATE_ARGS", validate_args),
+        env("RDMABENCH_WORKLOADS", WORKLOADS_DIR),
+        env("RDMABENCH_PORT", p.port.to_string()),
+        env("RDMABENCH_DEVICES", "all"),
+        EnvVar {
+            name: "RDMABENCH_MEMORY_LIMIT_MIB".into(),
+            value_from: Some(EnvVarSource {
+                resource_field_ref: Some(ResourceFieldSelector {
+                    container_name: Some(CONTAINER.into()),
+                    resource: "limits.memory".into(),
+                    divisor: Some(Quantity("1Mi".into())),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        env("RDMABENCH_MEMORY_HEADROOM_MIB", MEMORY_HEADROOM_MIB.to_string()),
+        EnvVar {
+            name: crate::session::auth::TOKEN_ENV.into(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: p.token_secret.clone(),
+                    key: "token".into(),
+                    optional: Some(false),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    ];
+    all_env.extend(extra);
+    all_env.sort_by(|a, b| a.name.cmp(&b.name));
     Container {
         name: CONTAINER.into(),
         image: Some(p.image.clone()),
-        command: Some(vec!["/bin/sh".into(), "-c".into(), SCRIPT.into()]),
-        env: Some(vec![
-            env("RDMABENCH_JOB", &p.name),
-            env("RDMABENCH_SERVICE", &p.name),
-            env("RDMABENCH_PROFILE", m.profile),
-            env("RDMABENCH_VALIDATE_ARGS", validate_args),
-            env("RDMABENCH_ROLE_ARGS", format!("--pods {pods} --topology {}", topology.name())),
-            env("RDMABENCH_WORKLOAD", &p.workload),
-            env("RDMABENCH_WORKLOADS", WORKLOADS_DIR),
-            env("RDMABENCH_PORT", p.port.to_string()),
-            env("RDMABENCH_DEVICES", "all"),
-            env("RDMABENCH_RAILS", p.rails.label()),
-            EnvVar {
-                name: "RDMABENCH_MEMORY_LIMIT_MIB".into(),
-                value_from: Some(EnvVarSource {
-                    resource_field_ref: Some(ResourceFieldSelector {
-                        container_name: Some(CONTAINER.into()),
-                        resource: "limits.memory".into(),
-                        divisor: Some(Quantity("1Mi".into())),
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            env("RDMABENCH_MEMORY_HEADROOM_MIB", MEMORY_HEADROOM_MIB.to_string()),
-            EnvVar {
-                name: crate::session::auth::TOKEN_ENV.into(),
-                value_from: Some(EnvVarSource {
-                    secret_key_ref: Some(SecretKeySelector {
-                        name: p.token_secret.clone(),
-                        key: "token".into(),
-                        optional: Some(false),
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            env(
-                "RDMABENCH_RUN_ARGS",
-                p.params.iter().map(|(k, v)| format!("--param {k}={v}")).collect::<Vec<_>>().join(" "),
-            ),
-        ]),
+        command: Some(vec!["/bin/sh".into(), "-c".into(), script.into()]),
+        env: Some(all_env),
         resources: Some(ResourceRequirements {
             requests: Some(resources.clone()),
             limits: Some(resources),
@@ -278,9 +299,9 @@ fn volumes(m: &Mode) -> Vec<Volume> {
     v
 }
 
-fn affinity(p: &JobParams) -> Option<Affinity> {
+fn affinity(p: &JobParams, selector: BTreeMap<String, String>) -> Option<Affinity> {
     let term = PodAffinityTerm {
-        label_selector: Some(LabelSelector { match_labels: Some(pod_selector(p)), ..Default::default() }),
+        label_selector: Some(LabelSelector { match_labels: Some(selector), ..Default::default() }),
         topology_key: "kubernetes.io/hostname".into(),
         ..Default::default()
     };
@@ -304,10 +325,17 @@ fn affinity(p: &JobParams) -> Option<Affinity> {
     }
 }
 
-/// The Indexed Job: index 0 serves, index 1 measures (or the fleet's roles).
-pub fn job(p: &JobParams) -> Job {
+/// A pod template of `container`: the mode's network, tolerations and volumes, the
+/// pods apart (or together) by `selector`, and the pod's DNS name under `subdomain` (the
+/// headless Service) when the controller gives it one.
+pub(super) fn pod_template(
+    p: &JobParams,
+    container: Container,
+    mut pod_labels: BTreeMap<String, String>,
+    selector: BTreeMap<String, String>,
+    subdomain: Option<String>,
+) -> PodTemplateSpec {
     let m = p.mode;
-    let pods = p.fleet.map_or(2, |f| f.0) as i32;
     let mut annotations = BTreeMap::new();
     if m.pod_networks {
         let blocks = if m.quantity_is_nics { p.nics } else { 1 };
@@ -315,46 +343,75 @@ pub fn job(p: &JobParams) -> Job {
             (0..blocks).map(|_| serde_json::json!({"cniConf": {"name": "rdma"}})).collect();
         annotations.insert("k8s.volcengine.com/pod-networks".to_string(), serde_json::to_string(&list).expect("json"));
     }
-    let mut pod_labels = labels(p);
-    pod_labels.extend(pod_selector(p));
-    let template = PodTemplateSpec {
+    pod_labels.extend(labels(p));
+    pod_labels.extend(selector.clone());
+    PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(pod_labels),
             annotations: (!annotations.is_empty()).then_some(annotations),
             ..Default::default()
         }),
         spec: Some(PodSpec {
-            subdomain: Some(p.name.clone()),
+            subdomain,
             restart_policy: Some("Never".into()),
             host_network: m.host_network.then_some(true),
             dns_policy: m.host_network.then(|| "ClusterFirstWithHostNet".into()),
             tolerations: m
                 .tolerate_all
                 .then(|| vec![Toleration { operator: Some("Exists".into()), ..Default::default() }]),
-            affinity: affinity(p),
-            containers: vec![container(p)],
+            affinity: affinity(p, selector),
+            containers: vec![container],
             // The pods never talk to the API server.
             automount_service_account_token: Some(false),
             volumes: Some(volumes(m)),
             ..Default::default()
         }),
-    };
-    let exit_codes = |action: &str, codes: Vec<i32>| PodFailurePolicyRule {
-        action: action.into(),
-        on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
-            container_name: Some(CONTAINER.into()),
-            operator: "In".into(),
-            values: codes,
-        }),
+    }
+}
+
+/// What a failed pod means to its Job. rdmabench's exit codes (1 check or threshold
+/// failed, 2 usage, 3 no usable RDMA / environment, 4 peer lost) are not cured by a
+/// retry: `action` (FailJob, or FailIndex where every index must still run to its end);
+/// an evicted or preempted pod is not the fabric's fault (Ignore: it runs again).
+pub(super) fn failure_policy(action: &str) -> PodFailurePolicy {
+    PodFailurePolicy {
+        rules: vec![
+            PodFailurePolicyRule {
+                action: action.into(),
+                on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+                    container_name: Some(CONTAINER.into()),
+                    operator: "In".into(),
+                    values: vec![1, 2, 3, 4],
+                }),
+                ..Default::default()
+            },
+            PodFailurePolicyRule {
+                action: "Ignore".into(),
+                on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
+                    type_: "DisruptionTarget".into(),
+                    status: Some("True".into()),
+                }]),
+                ..Default::default()
+            },
+        ],
+    }
+}
+
+pub(super) fn metadata(p: &JobParams) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(p.name.clone()),
+        namespace: Some(p.namespace.clone()),
+        labels: Some(labels(p)),
         ..Default::default()
-    };
+    }
+}
+
+/// The Indexed Job: index 0 serves, index 1 measures (or the fleet's roles).
+pub fn job(p: &JobParams) -> Job {
+    let pods = p.fleet.map_or(2, |f| f.0) as i32;
+    let template = pod_template(p, container(p), BTreeMap::new(), pod_selector(p), Some(p.name.clone()));
     Job {
-        metadata: ObjectMeta {
-            name: Some(p.name.clone()),
-            namespace: Some(p.namespace.clone()),
-            labels: Some(labels(p)),
-            ..Default::default()
-        },
+        metadata: metadata(p),
         spec: Some(JobSpec {
             completion_mode: Some("Indexed".into()),
             completions: Some(pods),
@@ -365,22 +422,7 @@ pub fn job(p: &JobParams) -> Job {
             success_policy: p.fleet.is_none().then(|| SuccessPolicy {
                 rules: vec![SuccessPolicyRule { succeeded_indexes: Some("1".into()), ..Default::default() }],
             }),
-            pod_failure_policy: Some(PodFailurePolicy {
-                rules: vec![
-                    // rdmabench's exit codes: 1 check or threshold failed, 2 usage, 3 no usable
-                    // RDMA / environment, 4 peer lost: none is cured by a retry.
-                    exit_codes("FailJob", vec![1, 2, 3, 4]),
-                    // An evicted or preempted pod is not the fabric's fault.
-                    PodFailurePolicyRule {
-                        action: "Ignore".into(),
-                        on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
-                            type_: "DisruptionTarget".into(),
-                            status: Some("True".into()),
-                        }]),
-                        ..Default::default()
-                    },
-                ],
-            }),
+            pod_failure_policy: Some(failure_policy("FailJob")),
             template,
             ..Default::default()
         }),
@@ -388,8 +430,11 @@ pub fn job(p: &JobParams) -> Job {
     }
 }
 
-/// The multi-document YAML: the Service, then the Job.
+/// The multi-document YAML: the Service, then the Job (an all-pairs fleet: its gang's objects).
 pub fn render(p: &JobParams) -> String {
+    if let Some(a) = &p.all_pairs {
+        return super::all_pairs::render(p, a);
+    }
     let svc = serde_norway::to_string(&service(p)).expect("a Service serialises");
     let job = serde_norway::to_string(&job(p)).expect("a Job serialises");
     let what = match p.fleet {

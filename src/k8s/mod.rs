@@ -2,7 +2,9 @@
 //! Service + Indexed Job (`manifest`), who measures whom in a fleet (`fleet`), and the
 //! summary of a fleet's results (`summarize`).
 
+pub mod all_pairs;
 pub mod fleet;
+pub mod gang;
 pub mod manifest;
 pub mod platform;
 pub mod summarize;
@@ -11,7 +13,9 @@ use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
 use crate::spec::rails::RailMode;
+use all_pairs::AllPairs;
 use fleet::Topology;
+use gang::Gang;
 use manifest::{JobParams, Placement};
 use platform::Platform;
 
@@ -34,12 +38,16 @@ pub struct RenderRequest {
     pub gpus: Option<u32>,
     pub machine_nics: Option<u32>,
     pub image: String,
-    pub workload: String,
+    /// A pair workload the image ships (None: acceptance); an all-pairs fleet runs the fleet workload.
+    pub workload: Option<String>,
     pub namespace: String,
     pub name: Option<String>,
     pub placement: Placement,
     pub fleet: Option<(u32, Topology)>,
-    pub deadline_s: i64,
+    /// An all-pairs fleet (`rdmabench fleet`) instead of a pair or a ring/pairs fleet.
+    pub all_pairs: Option<AllPairs>,
+    /// activeDeadlineSeconds (None: 1800 s for a pair, the plan's length for an all-pairs fleet).
+    pub deadline_s: Option<i64>,
     pub port: u16,
     /// How a pod's rails share the time (RDMABENCH_RAILS).
     pub rails: RailMode,
@@ -71,6 +79,115 @@ fn declared_params(text: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The workload a pair Job runs unless `--workload` says.
+pub const DEFAULT_WORKLOAD: &str = "acceptance";
+/// A pair Job's deadline unless `--deadline` says.
+pub const DEFAULT_DEADLINE_S: i64 = 1800;
+/// What an all-pairs fleet's pods run (`WORKLOADS_DIR/fleet/all-pairs.toml`).
+pub const FLEET_WORKLOAD: &str = "fleet/all-pairs";
+
+/// A pair workload's memory need, declared parameters and the user's: it must be one the
+/// image ships, and the parameters its own (the pods would fail on them at run time).
+fn pair_workload(
+    r: &RenderRequest,
+    name: &str,
+    mode: &platform::Mode,
+) -> Result<(u64, Vec<String>, BTreeMap<String, f64>)> {
+    if !SHIPPED_WORKLOADS.contains(&name) {
+        return Err(Error::Usage(format!(
+            "--workload {name:?}: the image ships {}; a workload of your own needs an image that contains it",
+            SHIPPED_WORKLOADS.join(", ")
+        )));
+    }
+    let text = shipped_text(name).expect("every shipped workload has its text");
+    let user: BTreeMap<String, f64> = r.params.iter().cloned().collect();
+    let workload = crate::workload::file::parse(text, &format!("{name}.toml"), &user)?;
+    // What one rdmabench process registers at most: the largest step's need on every rail.
+    let need = workload
+        .steps
+        .iter()
+        .filter_map(|s| match &s.kind {
+            crate::workload::file::StepKind::Measure(m) => Some(crate::link::memory_need(&m.spec)),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+        .saturating_mul(pod_rails(r, mode) as u64);
+    Ok((need, declared_params(text), user))
+}
+
+/// The rails a pod measures: every device it can open (`-d all`), which in a mode that
+/// shows every NIC of the node is the node's count, not the request.
+fn pod_rails(r: &RenderRequest, mode: &platform::Mode) -> u32 {
+    if mode.whole_node { r.machine_nics.unwrap_or(WHOLE_NODE_NICS) } else { r.nics }.max(1)
+}
+
+/// What one node of the fleet registers at most: its larger phase on every rail.
+fn fleet_memory(r: &RenderRequest, a: &AllPairs, mode: &platform::Mode) -> Result<u64> {
+    let file = crate::fleet::config::FleetFile::parse_with(
+        crate::fleet::config::SHIPPED,
+        crate::fleet::config::SHIPPED_NAME,
+        &a.thresholds,
+    )
+    .map_err(Error::Usage)?;
+    let need = [crate::report::pairs::Phase::Bandwidth, crate::report::pairs::Phase::Latency]
+        .map(|phase| crate::link::memory_need(&file.measure.spec(phase)))
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+    Ok(need.saturating_mul(pod_rails(r, mode) as u64))
+}
+
+/// What an all-pairs request may not combine, each refused with the fix.
+fn check_all_pairs(r: &RenderRequest, a: &AllPairs) -> Result<()> {
+    let refuse = |m: String| Err(Error::Usage(m));
+    // The plan every node will check: the fleet's size and pairs per round.
+    a.plan().check().map_err(Error::Usage)?;
+    if r.fleet.is_some() {
+        return refuse("--fleet all-pairs and --topology: choose one kind of fleet".into());
+    }
+    if r.workload.is_some() {
+        return refuse(
+            "--workload names a pair workload; an all-pairs fleet runs the fleet workload (fleet/all-pairs.toml): \
+             set its thresholds with --threshold NAME=VALUE"
+                .into(),
+        );
+    }
+    if let Some((k, _)) = r.params.first() {
+        return refuse(format!(
+            "--param {k}: a pair workload's parameter; an all-pairs fleet's thresholds are set with --threshold \
+             NAME=VALUE ({})",
+            crate::fleet::config::threshold_keys().keys().cloned().collect::<Vec<_>>().join(", ")
+        ));
+    }
+    if a.gang == Gang::Ack && r.platform != Platform::Ack {
+        return refuse(format!(
+            "--gang ack: the pod-group.scheduling.sigs.k8s.io labels are read by ACK's kube-scheduler only; on {} \
+             use --gang volcano, kueue or jobset (whichever the cluster runs), or none",
+            platform::platform_name(r.platform)
+        ));
+    }
+    match (&a.queue, a.gang) {
+        (None, Gang::Kueue) => refuse("--gang kueue needs --queue NAME: the LocalQueue that admits the Job".into()),
+        (Some(_), Gang::None | Gang::Ack) => refuse(format!(
+            "--queue applies to --gang kueue, jobset (Kueue's LocalQueue) and volcano (a Volcano queue), not {}",
+            a.gang.name()
+        )),
+        (Some(q), _) if !dns_label(q) => {
+            refuse(format!("--queue {q:?}: a queue's name is lowercase letters, digits and '-', at most 63"))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
 /// The generated sections of `k8s-jobs/README.md`: (begin marker, end marker, text).
 pub fn readme_sections() -> Vec<(&'static str, &'static str, String)> {
     vec![
@@ -97,31 +214,17 @@ pub fn plan(r: &RenderRequest) -> Result<(JobParams, Vec<String>)> {
     if let Some(w) = platform::check_nics(mode, r.nics, r.machine_nics).map_err(Error::Usage)? {
         warnings.push(w);
     }
-    if !SHIPPED_WORKLOADS.contains(&r.workload.as_str()) {
-        return Err(Error::Usage(format!(
-            "--workload {:?}: the image ships {}; a workload of your own needs an image that contains it",
-            r.workload,
-            SHIPPED_WORKLOADS.join(", ")
-        )));
-    }
-    // The parameters must be the workload's own: the pods would fail on them at run time.
-    let text = shipped_text(&r.workload).expect("every shipped workload has its text");
-    let user: BTreeMap<String, f64> = r.params.iter().cloned().collect();
-    let workload = crate::workload::file::parse(text, &format!("{}.toml", r.workload), &user)?;
-    // What one rdmabench process registers at most: the largest step's need on every rail.
-    // The pods measure every device they see (`-d all`): in a mode that shows every NIC of
-    // the node, that is the node's count, not the request.
-    let rails = if mode.whole_node { r.machine_nics.unwrap_or(WHOLE_NODE_NICS) } else { r.nics };
-    let registered_memory = workload
-        .steps
-        .iter()
-        .filter_map(|s| match &s.kind {
-            crate::workload::file::StepKind::Measure(m) => Some(crate::link::memory_need(&m.spec)),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(0)
-        .saturating_mul(rails.max(1) as u64);
+    let (workload_name, registered_memory, declared, user) = match &r.all_pairs {
+        None => {
+            let name = r.workload.clone().unwrap_or_else(|| DEFAULT_WORKLOAD.into());
+            let (need, declared, user) = pair_workload(r, &name, mode)?;
+            (name, need, declared, user)
+        }
+        Some(a) => {
+            check_all_pairs(r, a)?;
+            (FLEET_WORKLOAD.into(), fleet_memory(r, a, mode)?, Vec::new(), BTreeMap::new())
+        }
+    };
     let secret_ok = !r.token_secret.is_empty()
         && r.token_secret.len() <= 253
         && r.token_secret.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
@@ -132,7 +235,6 @@ pub fn plan(r: &RenderRequest) -> Result<(JobParams, Vec<String>)> {
         )));
     }
     // The platform's defaults for the parameters the workload declares, then the user's.
-    let declared = declared_params(text);
     let mut params: Vec<(String, f64)> = platform::default_params(r.platform)
         .iter()
         .filter(|(k, _, _)| declared.iter().any(|d| d == k) && !user.contains_key(*k))
@@ -156,17 +258,34 @@ pub fn plan(r: &RenderRequest) -> Result<(JobParams, Vec<String>)> {
              -INDEX and must stay a 63-character DNS label)"
         )));
     }
-    if r.deadline_s <= 0 {
-        return Err(Error::Usage("--deadline must be at least 1 second".into()));
-    }
-    // Pod i listens on port + i.
-    let pods = r.fleet.map_or(2, |f| f.0);
-    if r.port == 0 || u32::from(r.port) + pods - 1 > u32::from(u16::MAX) {
+    let deadline_s = match (r.deadline_s, &r.all_pairs) {
+        (Some(d), _) if d <= 0 => return Err(Error::Usage("--deadline must be at least 1 second".into())),
+        (Some(d), _) => d,
+        (None, Some(a)) => all_pairs::default_deadline_s(a),
+        (None, None) => DEFAULT_DEADLINE_S,
+    };
+    // Pod i listens on port + i; an all-pairs fleet's barrier on port + N.
+    let pods = r.all_pairs.as_ref().map_or(r.fleet.map_or(2, |f| f.0), |a| a.pods);
+    let ports = if r.all_pairs.is_some() { pods + 1 } else { pods };
+    if r.port == 0 || u32::from(r.port) + ports - 1 > u32::from(u16::MAX) {
         return Err(Error::Usage(format!(
-            "--port {}: pod i listens on port + i, so it must lie in 1..={} for {pods} pods",
+            "--port {}: pod i listens on port + i{}, so it must lie in 1..={} for {pods} pods",
             r.port,
-            u32::from(u16::MAX) + 1 - pods
+            if r.all_pairs.is_some() { " and node 0's barrier on port + N" } else { "" },
+            u32::from(u16::MAX) + 1 - ports
         )));
+    }
+    if let Some(a) = &r.all_pairs {
+        let last = a.gang.hostname(&name, &(a.pods - 1).to_string());
+        if last.len() > 63 {
+            return Err(Error::Usage(format!(
+                "--name {name:?}: with --gang {} the last pod's host name {last:?} is {} characters; a DNS label \
+                 holds 63: use a name of at most {} characters",
+                a.gang.name(),
+                last.len(),
+                name.len() - (last.len() - 63)
+            )));
+        }
     }
     if r.placement == Placement::SameNode && r.fleet.is_some() {
         return Err(Error::Usage("--same-node applies to a pair; a fleet spreads its pods over nodes".into()));
@@ -177,12 +296,13 @@ pub fn plan(r: &RenderRequest) -> Result<(JobParams, Vec<String>)> {
             name,
             namespace: r.namespace.clone(),
             image: r.image.clone(),
-            workload: r.workload.clone(),
+            workload: workload_name,
             nics: r.nics,
             gpus: r.gpus,
             placement: r.placement,
             fleet: r.fleet,
-            deadline_s: r.deadline_s,
+            all_pairs: r.all_pairs.clone(),
+            deadline_s,
             port: r.port,
             rails: r.rails,
             params,
@@ -203,12 +323,13 @@ pub fn committed() -> Vec<(String, RenderRequest)> {
         gpus: None,
         machine_nics: None,
         image: DEFAULT_IMAGE.into(),
-        workload: "acceptance".into(),
+        workload: None,
         namespace: "default".into(),
         name: None,
         placement: Placement::CrossNode,
         fleet: None,
-        deadline_s: 1800,
+        all_pairs: None,
+        deadline_s: None,
         rails: RailMode::Concurrent,
         port: 18515,
         params: Vec::new(),
@@ -226,6 +347,49 @@ pub fn committed() -> Vec<(String, RenderRequest)> {
     ring.fleet = Some((4, Topology::Ring));
     ring.name = Some("rdmabench-vke-fleet".into());
     v.push(("vke/fleet-ring-4.yaml".into(), ring));
+    // An all-pairs fleet of 8 nodes for each gang, on the mode its platform schedules it in.
+    for gang in [Gang::None, Gang::Volcano, Gang::Kueue, Gang::Jobset, Gang::Ack] {
+        let (platform, mode, nics) =
+            if gang == Gang::Ack { (Platform::Ack, "exclusive", 1) } else { (Platform::Vke, "exclusive", 2) };
+        let mut r = base(platform, mode, nics);
+        r.all_pairs = Some(example_fleet(8, gang));
+        r.name = Some(format!("rdmabench-fleet-{}", gang.name()));
+        v.push((format!("fleet/all-pairs-8-{}.yaml", gang.name()), r));
+    }
+    v
+}
+
+/// An all-pairs fleet of `pods` nodes with `gang`'s defaults (Kueue's queue: `rdma-acceptance`).
+fn example_fleet(pods: u32, gang: Gang) -> AllPairs {
+    AllPairs {
+        pods,
+        gang,
+        queue: (gang == Gang::Kueue).then(|| "rdma-acceptance".to_string()),
+        directions: crate::fleet::schedule::Directions::One,
+        max_pairs_per_round: None,
+        thresholds: Vec::new(),
+    }
+}
+
+/// Every platform mode as an all-pairs fleet of `pods` nodes under every gang: what
+/// lab/test schema-checks beyond the committed manifests (`k8s render-variants`).
+pub fn every_fleet_variant(pods: u32) -> Vec<(String, RenderRequest)> {
+    let pair = committed().into_iter().next().expect("a committed pair").1;
+    let mut v = Vec::new();
+    for m in platform::MODES {
+        for gang in [Gang::None, Gang::Volcano, Gang::Kueue, Gang::Jobset, Gang::Ack] {
+            if gang == Gang::Ack && m.platform != Platform::Ack {
+                continue;
+            }
+            let mut r = pair.clone();
+            r.platform = m.platform;
+            r.mode = m.name.into();
+            r.nics = if m.platform == Platform::Vke && m.quantity_is_nics { 2 } else { 1 };
+            r.all_pairs = Some(example_fleet(pods, gang));
+            r.name = Some(format!("fleet-{}-{}-{}", platform::platform_name(m.platform), m.name, gang.name()));
+            v.push((format!("{}-{}-{}.yaml", platform::platform_name(m.platform), m.name, gang.name()), r));
+        }
+    }
     v
 }
 
@@ -270,9 +434,18 @@ pub fn readme_table() -> String {
         if prof.topology_file {
             checks.push("topology file".into());
         }
-        let what = match p.fleet {
-            None => format!("{} {}: {}", platform::platform_name(m.platform), m.name, m.summary),
-            Some((n, t)) => format!("{n}-pod {} fleet on {} {}", t.name(), platform::platform_name(m.platform), m.name),
+        let what = match (p.fleet, &p.all_pairs) {
+            (_, Some(a)) => format!(
+                "{}-node all-pairs fleet, gang {}, on {} {}",
+                a.pods,
+                a.gang.name(),
+                platform::platform_name(m.platform),
+                m.name
+            ),
+            (None, None) => format!("{} {}: {}", platform::platform_name(m.platform), m.name, m.summary),
+            (Some((n, t)), None) => {
+                format!("{n}-pod {} fleet on {} {}", t.name(), platform::platform_name(m.platform), m.name)
+            }
         };
         t.push_str(&format!(
             "| [{path}]({path}) | {what} | `{}: {quantity}` | {network} | `{}`: {} |\n",
@@ -362,8 +535,9 @@ mod tests {
     fn every_rendered_pod_has_least_privilege_a_memory_budget_and_the_token() {
         for (path, r) in committed() {
             let (p, _) = plan(&r).unwrap();
-            let (_, job) = rendered(&r);
-            let pod = &job["spec"]["template"]["spec"];
+            let docs = yaml_docs(&manifest::render(&p));
+            let job = docs.last().unwrap();
+            let pod = &all_pairs::pod_template_of(job)["spec"];
             let c = &pod["containers"][0];
             let sc = &c["securityContext"];
             let mut add = vec!["IPC_LOCK"];
@@ -394,16 +568,18 @@ mod tests {
             assert_eq!(limit["valueFrom"]["resourceFieldRef"]["resource"], "limits.memory", "{path}");
             assert_eq!(limit["valueFrom"]["resourceFieldRef"]["divisor"], "1Mi", "{path}: the script reads MiB");
             let script = c["command"][2].as_str().unwrap();
-            assert_eq!(script.matches("--max-memory \"$budget\"").count(), 3, "{path}: serve (twice) and run");
+            // A pair's pod serves (two ways) and runs; a fleet node is one process.
+            let processes = if p.all_pairs.is_some() { 1 } else { 3 };
+            assert_eq!(script.matches("--max-memory \"$budget\"").count(), processes, "{path}");
         }
     }
 
     #[test]
     fn the_workloads_need_sizes_the_pods_memory() {
         let mut r = request(Platform::Vke, "exclusive", 1);
-        r.workload = "smoke".into();
+        r.workload = Some("smoke".into());
         let small = plan(&r).unwrap().0;
-        r.workload = "sweep".into();
+        r.workload = Some("sweep".into());
         let sweep = plan(&r).unwrap().0;
         r.nics = 4;
         let four = plan(&r).unwrap().0;
@@ -423,13 +599,13 @@ mod tests {
     #[test]
     fn a_whole_node_pod_is_sized_for_every_nic_of_the_node() {
         let mut r = request(Platform::Vke, "shared-host", 1);
-        r.workload = "smoke".into();
+        r.workload = Some("smoke".into());
         let per_rail = 2 * 128 * (64 << 10);
         assert_eq!(plan(&r).unwrap().0.registered_memory, u64::from(WHOLE_NODE_NICS) * per_rail);
         r.machine_nics = Some(2);
         assert_eq!(plan(&r).unwrap().0.registered_memory, 2 * per_rail);
         let mut ack = request(Platform::Ack, "shared-hostnet", 1);
-        ack.workload = "smoke".into();
+        ack.workload = Some("smoke".into());
         assert_eq!(plan(&ack).unwrap().0.registered_memory, u64::from(WHOLE_NODE_NICS) * per_rail);
     }
 
@@ -516,7 +692,7 @@ mod tests {
         let e = plan(&r).unwrap_err();
         assert_eq!(e.exit_code(), 2);
         assert!(e.message().contains("--param min_gbps") && e.message().contains("min_write_gbps"), "{}", e.message());
-        r.workload = "smoke".into();
+        r.workload = Some("smoke".into());
         r.params = vec![("min_write_gbps".into(), 1.0)];
         assert!(plan(&r).unwrap_err().message().contains("its [params] are: none"), "smoke has no parameters");
     }
@@ -549,7 +725,7 @@ mod tests {
         r.machine_nics = Some(8);
         let (_, w) = plan(&r).unwrap();
         assert!(w[0].contains("whole machine or half"), "{w:?}");
-        r.workload = "mine".into();
+        r.workload = Some("mine".into());
         assert!(plan(&r).unwrap_err().message().contains("acceptance"));
         let mut r = request(Platform::Ack, "nope", 1);
         assert!(plan(&r).unwrap_err().message().contains("shared-hostnet"));
