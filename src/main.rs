@@ -39,9 +39,10 @@ fn run_workload(args: &RunArgs, out: &mut dyn std::io::Write) -> Result<()> {
     workload::run::client(&plan, out).map(drop)
 }
 
-/// The fleet workload at `path`, or the shipped one, with `--threshold`s over it.
-fn fleet_file(path: Option<&str>, thresholds: &[(String, f64)]) -> Result<fleet::config::FleetFile> {
-    fleet::config::FleetFile::load_with(path, thresholds).map_err(rdmabench::Error::Usage)
+/// The fleet workload at `path`, or the shipped one, with `--measure`s and `--threshold`s
+/// over it.
+fn fleet_file(path: Option<&str>, over: &fleet::config::Overrides) -> Result<fleet::config::FleetFile> {
+    fleet::config::FleetFile::load_with(path, over).map_err(rdmabench::Error::Usage)
 }
 
 fn k8s_command(command: K8sCommand, out: &mut dyn std::io::Write) -> Result<()> {
@@ -124,7 +125,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Plot(args) => report::plot::command(&args.request()),
         Command::K8s { command } => k8s_command(command, out),
         Command::Summarize(a) if a.fleet.is_some() => {
-            let thresholds = fleet_file(a.workload.as_deref(), &a.thresholds)?.thresholds;
+            let over = fleet::config::Overrides { thresholds: a.thresholds.clone(), ..Default::default() };
+            let thresholds = fleet_file(a.workload.as_deref(), &over)?.thresholds;
             let plan = fleet::schedule::Plan {
                 nodes: a.pods.expect("clap requires --pods with --fleet"),
                 directions: a.directions,
@@ -134,7 +136,8 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Summarize(a) => k8s::summarize::command(&a.logs, a.pods.map(|n| (n, a.topology)), a.json, out),
         Command::Fleet(a) => {
-            let file = fleet_file(a.workload.as_deref(), &a.thresholds)?;
+            let over = fleet::config::Overrides { measure: a.measure.clone(), thresholds: a.thresholds.clone() };
+            let file = fleet_file(a.workload.as_deref(), &over)?;
             let cfg = fleet::node::NodeConfig {
                 index: a.index,
                 plan: fleet::schedule::Plan {

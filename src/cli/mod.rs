@@ -680,6 +680,8 @@ pub struct RenderArgs {
     /// With --fleet: at most this many pairs measure at once (default: every pair of a round).
     #[arg(long, value_name = "N", requires = "fleet")]
     pub max_pairs_per_round: Option<u32>,
+    #[arg(long = "measure", value_name = "NAME=VALUE", value_parser = parse_param, requires = "fleet", help = FLEET_MEASURE_HELP)]
+    pub measure: Vec<(String, f64)>,
     #[arg(long = "threshold", value_name = "NAME=VALUE", value_parser = parse_param, requires = "fleet", help = FLEET_THRESHOLD_HELP)]
     pub thresholds: Vec<(String, f64)>,
     /// activeDeadlineSeconds (default: 1800 for a pair or ring; an all-pairs fleet's join
@@ -722,7 +724,10 @@ impl RenderArgs {
                 queue: self.queue.clone(),
                 directions: self.directions,
                 max_pairs_per_round: self.max_pairs_per_round,
-                thresholds: self.thresholds.clone(),
+                over: crate::fleet::config::Overrides {
+                    measure: self.measure.clone(),
+                    thresholds: self.thresholds.clone(),
+                },
             }),
             deadline_s: self.deadline,
             port: self.port,
@@ -763,6 +768,10 @@ pub struct SummarizeArgs {
     pub thresholds: Vec<(String, f64)>,
 }
 
+/// `--measure`'s help, for `fleet` and `k8s render --fleet all-pairs`.
+pub const FLEET_MEASURE_HELP: &str = "Set a [measure] key of the fleet workload: NAME=VALUE (repeatable), e.g. \
+     `--measure bw_iterations=500` for a quicker fleet or `--measure bw_size=65536`; the command line wins over the file";
+
 /// `--threshold`'s help, for `fleet`, `summarize --fleet` and `k8s render --fleet all-pairs`.
 pub const FLEET_THRESHOLD_HELP: &str = "Set a [thresholds] key of the fleet workload: NAME=VALUE (repeatable), e.g. \
      `--threshold max_flaky_pairs=2` or `--threshold node_min_ratio=0.9`; the command line wins over the file";
@@ -795,6 +804,8 @@ pub struct FleetArgs {
     /// The fleet workload ([measure], [thresholds]); default: the shipped all-pairs.toml.
     #[arg(long, value_name = "FILE")]
     pub workload: Option<String>,
+    #[arg(long = "measure", value_name = "NAME=VALUE", value_parser = parse_param, help = FLEET_MEASURE_HELP)]
+    pub measure: Vec<(String, f64)>,
     #[arg(long = "threshold", value_name = "NAME=VALUE", value_parser = parse_param, help = FLEET_THRESHOLD_HELP)]
     pub thresholds: Vec<(String, f64)>,
     /// Write one line saying how this node ended to FILE (node 0: the fleet's verdict), as

@@ -127,51 +127,88 @@ impl FleetFile {
         Self::parse(&text, path)
     }
 
-    /// [`FleetFile::parse`] with `--threshold NAME=VALUE`s set over the file's
-    /// `[thresholds]` (the command line wins), each checked as the file's own would be.
-    pub fn parse_with(text: &str, path: &str, thresholds: &[(String, f64)]) -> Result<FleetFile, String> {
-        if thresholds.is_empty() {
+    /// [`FleetFile::parse`] with the command line's `--measure` and `--threshold`
+    /// NAME=VALUEs set over the file's `[measure]` and `[thresholds]` (the command line
+    /// wins), each checked as the file's own would be.
+    pub fn parse_with(text: &str, path: &str, over: &Overrides) -> Result<FleetFile, String> {
+        if over.is_empty() {
             return Self::parse(text, path);
         }
         let mut doc: toml::Table = toml::from_str(text).map_err(|e| format!("{path}: {e}"))?;
-        let keys = threshold_keys();
-        let table = doc.entry("thresholds").or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        let toml::Value::Table(table) = table else {
-            return Err(format!("{path}: [thresholds] must be a table"));
-        };
-        for (name, value) in thresholds {
-            let Some(default) = keys.get(name) else {
-                return Err(format!(
-                    "--threshold {name}: a fleet's thresholds are {}",
-                    keys.keys().cloned().collect::<Vec<_>>().join(", ")
-                ));
-            };
-            let v = match default {
-                // A count (max_flaky_pairs): a whole number, 0 or more.
-                toml::Value::Integer(_) if value.fract() == 0.0 && *value >= 0.0 && *value <= f64::from(u32::MAX) => {
-                    toml::Value::Integer(*value as i64)
-                }
-                toml::Value::Integer(_) => {
-                    return Err(format!("--threshold {name}={value}: use a whole number, 0 or more"));
-                }
-                _ => toml::Value::Float(*value),
-            };
-            table.insert(name.clone(), v);
-        }
+        set_over(&mut doc, path, "measure", "--measure", &measure_keys(), &over.measure)?;
+        set_over(&mut doc, path, "thresholds", "--threshold", &threshold_keys(), &over.thresholds)?;
         let merged = toml::to_string(&doc).map_err(|e| format!("{path}: {e}"))?;
-        Self::parse(&merged, &format!("{path} with --threshold"))
+        Self::parse(&merged, &format!("{path} with {}", over.flags()))
     }
 
-    /// The file at `path` (or the shipped one) with `thresholds` set over it.
-    pub fn load_with(path: Option<&str>, thresholds: &[(String, f64)]) -> Result<FleetFile, String> {
+    /// The file at `path` (or the shipped one) with `over` set over it.
+    pub fn load_with(path: Option<&str>, over: &Overrides) -> Result<FleetFile, String> {
         match path {
             Some(p) => {
                 let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read {p}: {e}"))?;
-                Self::parse_with(&text, p, thresholds)
+                Self::parse_with(&text, p, over)
             }
-            None => Self::parse_with(SHIPPED, SHIPPED_NAME, thresholds),
+            None => Self::parse_with(SHIPPED, SHIPPED_NAME, over),
         }
     }
+}
+
+/// What the command line sets over a fleet workload: `--measure NAME=VALUE` over its
+/// `[measure]`, `--threshold NAME=VALUE` over its `[thresholds]`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Overrides {
+    pub measure: Vec<(String, f64)>,
+    pub thresholds: Vec<(String, f64)>,
+}
+
+impl Overrides {
+    pub fn is_empty(&self) -> bool {
+        self.measure.is_empty() && self.thresholds.is_empty()
+    }
+
+    /// The flags as a command line gives them (`--measure bw_size=65536 --threshold ...`).
+    pub fn flags(&self) -> String {
+        let measure = self.measure.iter().map(|(k, v)| format!("--measure {k}={v}"));
+        let thresholds = self.thresholds.iter().map(|(k, v)| format!("--threshold {k}={v}"));
+        measure.chain(thresholds).collect::<Vec<_>>().join(" ")
+    }
+}
+
+/// Sets `pairs` in `doc`'s table `section`, each a key of `keys` (whose default's type
+/// says whether it takes a whole number).
+fn set_over(
+    doc: &mut toml::Table,
+    path: &str,
+    section: &str,
+    flag: &str,
+    keys: &toml::Table,
+    pairs: &[(String, f64)],
+) -> Result<(), String> {
+    if pairs.is_empty() {
+        return Ok(());
+    }
+    let table = doc.entry(section).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let toml::Value::Table(table) = table else {
+        return Err(format!("{path}: [{section}] must be a table"));
+    };
+    for (name, value) in pairs {
+        let Some(default) = keys.get(name) else {
+            return Err(format!(
+                "{flag} {name}: a fleet's [{section}] keys are {}",
+                keys.keys().cloned().collect::<Vec<_>>().join(", ")
+            ));
+        };
+        let v = match default {
+            // A count or a size: a whole number, 0 or more (the file's checks give the range).
+            toml::Value::Integer(_) if value.fract() == 0.0 && *value >= 0.0 && *value <= 2f64.powi(53) => {
+                toml::Value::Integer(*value as i64)
+            }
+            toml::Value::Integer(_) => return Err(format!("{flag} {name}={value}: use a whole number, 0 or more")),
+            _ => toml::Value::Float(*value),
+        };
+        table.insert(name.clone(), v);
+    }
+    Ok(())
 }
 
 /// Every `[thresholds]` key with its default: the struct's own fields, so the list cannot
@@ -203,19 +240,44 @@ mod tests {
 
     #[test]
     fn thresholds_from_the_command_line_win_and_are_checked() {
-        let t = [("max_flaky_pairs".to_string(), 2.0), ("node_min_ratio".to_string(), 0.9)];
+        let t = thresholds(&[("max_flaky_pairs", 2.0), ("node_min_ratio", 0.9)]);
         let f = FleetFile::parse_with(SHIPPED, "all-pairs.toml", &t).unwrap();
         assert_eq!((f.thresholds.max_flaky_pairs, f.thresholds.node_min_ratio), (2, 0.9));
         assert_eq!(f.measure, Measurement::default(), "the measurement is the file's");
         // A file without [thresholds] takes them too.
         let bare = FleetFile::parse_with("name = \"x\"\n", "f", &t).unwrap();
         assert_eq!(bare.thresholds.max_flaky_pairs, 2);
-        let e = FleetFile::parse_with(SHIPPED, "f", &[("min_gbps".into(), 1.0)]).unwrap_err();
-        assert!(e.contains("--threshold min_gbps: a fleet's thresholds are") && e.contains("max_flaky_pairs"), "{e}");
-        let e = FleetFile::parse_with(SHIPPED, "f", &[("max_flaky_pairs".into(), 1.5)]).unwrap_err();
+        let e = FleetFile::parse_with(SHIPPED, "f", &thresholds(&[("min_gbps", 1.0)])).unwrap_err();
+        assert!(
+            e.contains("--threshold min_gbps: a fleet's [thresholds] keys are") && e.contains("max_flaky_pairs"),
+            "{e}"
+        );
+        let e = FleetFile::parse_with(SHIPPED, "f", &thresholds(&[("max_flaky_pairs", 1.5)])).unwrap_err();
         assert!(e.contains("whole number"), "{e}");
-        let e = FleetFile::parse_with(SHIPPED, "f", &[("node_min_ratio".into(), 1.5)]).unwrap_err();
-        assert!(e.contains("(0, 1]") && e.contains("with --threshold"), "{e}");
+        let e = FleetFile::parse_with(SHIPPED, "f", &thresholds(&[("node_min_ratio", 1.5)])).unwrap_err();
+        assert!(e.contains("(0, 1]") && e.contains("with --threshold node_min_ratio=1.5"), "{e}");
+    }
+
+    fn thresholds(pairs: &[(&str, f64)]) -> Overrides {
+        Overrides { thresholds: pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect(), ..Overrides::default() }
+    }
+
+    #[test]
+    fn the_measurement_from_the_command_line_wins_and_is_checked() {
+        let over = |pairs: &[(&str, f64)]| Overrides {
+            measure: pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            ..Overrides::default()
+        };
+        let f =
+            FleetFile::parse_with(SHIPPED, "all-pairs.toml", &over(&[("bw_size", 65536.0), ("repeats", 5.0)])).unwrap();
+        assert_eq!((f.measure.bw_size, f.measure.repeats, f.measure.bw_qps), (65536, 5, 4));
+        assert_eq!(f.thresholds, Thresholds::default(), "the thresholds are the file's");
+        let e = FleetFile::parse_with(SHIPPED, "f", &over(&[("size", 1.0)])).unwrap_err();
+        assert!(e.contains("--measure size: a fleet's [measure] keys are") && e.contains("bw_iterations"), "{e}");
+        let e = FleetFile::parse_with(SHIPPED, "f", &over(&[("bw_size", 0.5)])).unwrap_err();
+        assert!(e.contains("--measure bw_size=0.5: use a whole number"), "{e}");
+        let e = FleetFile::parse_with(SHIPPED, "f", &over(&[("repeats", 2.0)])).unwrap_err();
+        assert!(e.contains("3 to 100") && e.contains("with --measure repeats=2"), "{e}");
     }
 
     #[test]

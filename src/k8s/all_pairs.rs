@@ -21,8 +21,8 @@ pub struct AllPairs {
     pub queue: Option<String>,
     pub directions: Directions,
     pub max_pairs_per_round: Option<u32>,
-    /// `--threshold NAME=VALUE`s over the fleet workload's [thresholds].
-    pub thresholds: Vec<(String, f64)>,
+    /// `--measure` and `--threshold` NAME=VALUEs over the fleet workload.
+    pub over: crate::fleet::config::Overrides,
 }
 
 impl AllPairs {
@@ -77,7 +77,9 @@ fn fleet_args(a: &AllPairs) -> String {
     if let Some(m) = a.max_pairs_per_round {
         args.push(format!("--max-pairs-per-round {m}"));
     }
-    args.extend(a.thresholds.iter().map(|(k, v)| format!("--threshold {k}={v}")));
+    if !a.over.is_empty() {
+        args.push(a.over.flags());
+    }
     args.join(" ")
 }
 
@@ -204,6 +206,11 @@ pub fn node_0_pod(name: &str, gang: Gang) -> String {
     }
 }
 
+/// The `--threshold`s the pods judge with, for `summarize` to judge the same way.
+fn summarize_thresholds(a: &AllPairs) -> String {
+    a.over.thresholds.iter().map(|(k, v)| format!(" --threshold {k}={v}")).collect()
+}
+
 /// The multi-document YAML: the Service (where the gang does not make its own), then the
 /// gang's object, under a header that says how to run it and read the verdict.
 pub fn render(p: &JobParams, a: &AllPairs) -> String {
@@ -228,7 +235,7 @@ pub fn render(p: &JobParams, a: &AllPairs) -> String {
          --timeout={deadline}s\n\
          # Verdict: node 0's termination message and exit code; every node's rows:\n\
          # kubectl logs -l rdmabench/fleet={name} --tail=-1 --max-log-requests={n} | rdmabench summarize --fleet \
-         all-pairs --pods {n} --directions {directions} --out verdict -\n",
+         all-pairs --pods {n} --directions {directions}{judged} --out verdict -\n",
         version = env!("CARGO_PKG_VERSION"),
         n = a.pods,
         platform = super::platform::platform_name(p.mode.platform),
@@ -242,6 +249,7 @@ pub fn render(p: &JobParams, a: &AllPairs) -> String {
         min = a.gang.min_kubernetes(),
         secret = p.token_secret,
         name = p.name,
+        judged = summarize_thresholds(a),
     );
     format!("{header}{service}{object}")
 }
@@ -274,7 +282,10 @@ mod tests {
             queue: matches!(gang, Gang::Kueue).then(|| "q".to_string()),
             directions: Directions::Both,
             max_pairs_per_round: Some(2),
-            thresholds: vec![("max_flaky_pairs".into(), 1.0)],
+            over: crate::fleet::config::Overrides {
+                measure: vec![("bw_iterations".into(), 500.0)],
+                thresholds: vec![("max_flaky_pairs".into(), 1.0)],
+            },
         });
         r.name = Some("fl".into());
         r
@@ -315,7 +326,10 @@ mod tests {
             assert_eq!(env_of(c, "RDMABENCH_PEERS"), gang.peers("fl"));
             assert_eq!(env_of(c, "RDMABENCH_PODS"), "6");
             let args = env_of(c, "RDMABENCH_FLEET_ARGS");
-            assert_eq!(args, "--directions both --max-pairs-per-round 2 --threshold max_flaky_pairs=1");
+            assert_eq!(
+                args,
+                "--directions both --max-pairs-per-round 2 --measure bw_iterations=500 --threshold max_flaky_pairs=1"
+            );
             // One pod per node: required anti-affinity on the host name, on the fleet's label.
             let anti = &t["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0];
             assert_eq!(anti["topologyKey"], "kubernetes.io/hostname");
@@ -373,6 +387,21 @@ mod tests {
     }
 
     #[test]
+    fn the_headers_summarize_judges_with_the_pods_thresholds() {
+        let r = fleet(Platform::Vke, "exclusive", Gang::None);
+        let (p, _) = plan(&r).unwrap();
+        let text = manifest::render(&p);
+        let line = text.lines().find(|l| l.contains("| rdmabench summarize")).unwrap();
+        assert!(
+            line.ends_with(
+                "summarize --fleet all-pairs --pods 6 --directions both --threshold max_flaky_pairs=1 --out verdict -"
+            ),
+            "{line}"
+        );
+        assert!(!line.contains("--measure"), "summarize takes no measurement: {line}");
+    }
+
+    #[test]
     fn memory_and_the_deadline_come_from_the_fleet_workload_and_plan() {
         let r = fleet(Platform::Vke, "exclusive", Gang::None);
         let (p, _) = plan(&r).unwrap();
@@ -390,6 +419,10 @@ mod tests {
             .max()
             .unwrap();
         assert_eq!(p.registered_memory, one * u64::from(r.nics));
+        // --measure bw_size shrinks it: a quarter of the buffer, a quarter of the memory.
+        let mut small = r.clone();
+        small.all_pairs.as_mut().unwrap().over.measure.push(("bw_size".into(), 262144.0));
+        assert_eq!(plan(&small).unwrap().0.registered_memory * 4, p.registered_memory);
         let a = r.all_pairs.as_ref().unwrap();
         assert_eq!(p.deadline_s, (JOIN_TIMEOUT_S as u64 + a.plan().step_count() as u64 * STEP_ALLOWANCE_S) as i64);
         let mut given = r.clone();
@@ -414,8 +447,10 @@ mod tests {
         assert!(e.contains("--threshold NAME=VALUE"), "{e}");
         let e = refused(&|r| r.params = vec![("min_write_gbps".into(), 1.0)]);
         assert!(e.contains("--param min_write_gbps") && e.contains("max_flaky_pairs"), "{e}");
-        let e = refused(&|r| r.all_pairs.as_mut().unwrap().thresholds = vec![("node_min_ratio".into(), 3.0)]);
+        let e = refused(&|r| r.all_pairs.as_mut().unwrap().over.thresholds = vec![("node_min_ratio".into(), 3.0)]);
         assert!(e.contains("(0, 1]"), "{e}");
+        let e = refused(&|r| r.all_pairs.as_mut().unwrap().over.measure = vec![("bw_qps".into(), 65.0)]);
+        assert!(e.contains("use 1 to 64 QPs") && e.contains("--measure bw_qps=65"), "{e}");
         let e = refused(&|r| r.all_pairs.as_mut().unwrap().pods = 1);
         assert!(e.contains("needs 2 to 1024 nodes"), "{e}");
         let e = refused(&|r| {

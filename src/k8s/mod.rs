@@ -127,7 +127,7 @@ fn fleet_memory(r: &RenderRequest, a: &AllPairs, mode: &platform::Mode) -> Resul
     let file = crate::fleet::config::FleetFile::parse_with(
         crate::fleet::config::SHIPPED,
         crate::fleet::config::SHIPPED_NAME,
-        &a.thresholds,
+        &a.over,
     )
     .map_err(Error::Usage)?;
     let need = [crate::report::pairs::Phase::Bandwidth, crate::report::pairs::Phase::Latency]
@@ -149,7 +149,7 @@ fn check_all_pairs(r: &RenderRequest, a: &AllPairs) -> Result<()> {
     if r.workload.is_some() {
         return refuse(
             "--workload names a pair workload; an all-pairs fleet runs the fleet workload (fleet/all-pairs.toml): \
-             set its thresholds with --threshold NAME=VALUE"
+             set its measurement with --measure NAME=VALUE and its thresholds with --threshold NAME=VALUE"
                 .into(),
         );
     }
@@ -367,7 +367,7 @@ fn example_fleet(pods: u32, gang: Gang) -> AllPairs {
         queue: (gang == Gang::Kueue).then(|| "rdma-acceptance".to_string()),
         directions: crate::fleet::schedule::Directions::One,
         max_pairs_per_round: None,
-        thresholds: Vec::new(),
+        over: crate::fleet::config::Overrides::default(),
     }
 }
 

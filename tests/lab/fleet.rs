@@ -12,9 +12,29 @@
 use super::common::*;
 
 /// Node k's address on the lab's switch.
-fn node_addr(k: u32) -> String {
+pub fn node_addr(k: u32) -> String {
     format!("10.88.0.{}", 10 + k)
 }
+
+/// The lab's thresholds (see `fleet_workload`).
+pub const LAB_THRESHOLDS: &[(&str, &str)] = &[
+    ("latency_max_ratio", "4.0"),
+    ("node_min_ratio", "0.6"),
+    ("link_min_ratio", "0.6"),
+    ("node_min_z", "-50.0"),
+    ("link_min_z", "-3.0"),
+];
+
+/// The lab's measurement: 64 KiB on 2 QPs, 150 a bandwidth repeat, 300 ping-pongs.
+pub const LAB_MEASURE: &[(&str, &str)] = &[
+    ("bw_size", "65536"),
+    ("bw_qps", "2"),
+    ("bw_iterations", "150"),
+    ("lat_size", "2"),
+    ("lat_iterations", "300"),
+    ("warmup", "20"),
+    ("repeats", "3"),
+];
 
 /// A fleet workload small enough for the lab, with `measure` added to its `[measure]`
 /// and `thresholds` to its `[thresholds]`. The lab's pairs vary by +-15 % between repeats
@@ -23,24 +43,6 @@ fn node_addr(k: u32) -> String {
 /// out (`node_min_z = -50`): five nodes that happen to agree closely put the spread near
 /// its floor, and one at 0.934x was named bad at z -9.6 in a flaky-pair run.
 fn fleet_workload(dir: &tempfile::TempDir, measure: &str, thresholds: &str) -> String {
-    // The lab's defaults, each unless `thresholds` sets it.
-    let defaults = [
-        ("latency_max_ratio", "4.0"),
-        ("node_min_ratio", "0.6"),
-        ("link_min_ratio", "0.6"),
-        ("node_min_z", "-50.0"),
-        ("link_min_z", "-3.0"),
-    ];
-    // And the lab's measurement, each unless `measure` sets it.
-    let measured = [
-        ("bw_size", "65536"),
-        ("bw_qps", "2"),
-        ("bw_iterations", "150"),
-        ("lat_size", "2"),
-        ("lat_iterations", "300"),
-        ("warmup", "20"),
-        ("repeats", "3"),
-    ];
     let set = |text: &str, key: &str| text.lines().any(|l| l.split('=').next().is_some_and(|k| k.trim() == key));
     let with = |defaults: &[(&str, &str)], given: &str| {
         let mut all: Vec<String> =
@@ -51,8 +53,8 @@ fn fleet_workload(dir: &tempfile::TempDir, measure: &str, thresholds: &str) -> S
     let path = json_file(dir, "fleet.toml");
     let text = format!(
         "name = \"lab-fleet\"\n[measure]\n{}\n[thresholds]\n{}\n",
-        with(&measured, measure),
-        with(&defaults, thresholds)
+        with(LAB_MEASURE, measure),
+        with(LAB_THRESHOLDS, thresholds)
     );
     std::fs::write(&path, text).unwrap();
     path
@@ -67,7 +69,7 @@ fn fleet_workload(dir: &tempfile::TempDir, measure: &str, thresholds: &str) -> S
 /// bandwidth run asks for a completion once per 100 messages, so its warm-up and run (70
 /// messages on each of 2 QPs, 9.2 MB) complete once, after 1.5 s through 50 Mb/s, well
 /// within --timeout. 50 Mb/s is a fifth of a healthy pair's rate here or less.
-const SLOW_LINK_MEASURE: &str = "qp_timeout = 20\nbw_iterations = 50";
+pub const SLOW_LINK_MEASURE: &str = "qp_timeout = 20\nbw_iterations = 50";
 const SLOW_LINK_QUEUE: &str = "limit 8192";
 const SLOW_RATE: &str = "rate 50mbit";
 
@@ -333,7 +335,7 @@ fn sh(cmd: &str) {
 /// sequence errors), a repeat in seven measured 0.007 Gb/s against 0.2-0.3, the fleet
 /// took 79 s against 27 s without qdiscs; with one receiving CPU, no retransmission at
 /// all, 30 s, and the rate-limited path measured its 49 Mb/s in every repeat (lab notes).
-struct Qdiscs(Vec<String>);
+pub struct Qdiscs(Vec<String>);
 
 impl Qdiscs {
     fn on(ports: &[&str], setup: &str) -> Qdiscs {
@@ -365,19 +367,26 @@ fn receive_on_one_cpu(on: bool) {
     }
 }
 
+/// Node k's port slowed to `SLOW_RATE` both ways, until the guard is dropped (measure
+/// with `SLOW_LINK_MEASURE`).
+pub fn slow_port(k: u32) -> Qdiscs {
+    let (n, s) = (format!("n{k}"), format!("s{k}"));
+    Qdiscs::on(
+        &[&n, &s],
+        &format!(
+            "tc qdisc add dev {n} root netem {SLOW_RATE} {SLOW_LINK_QUEUE} && \
+             tc qdisc add dev {s} root netem {SLOW_RATE} {SLOW_LINK_QUEUE}"
+        ),
+    )
+}
+
 /// A rate limit on node 3's port, both ways: node 3 is named bad (confirmed by a retest
 /// against a known-good node), none of its links is, and node 0 exits 1.
 #[test]
 fn lab_fleet_a_node_with_a_slow_port_is_named_as_the_bad_node() {
     let dir = tempfile::tempdir().unwrap();
     let workload = fleet_workload(&dir, SLOW_LINK_MEASURE, "");
-    let slow = Qdiscs::on(
-        &["n3", "s3"],
-        &format!(
-            "tc qdisc add dev n3 root netem {SLOW_RATE} {SLOW_LINK_QUEUE} && \
-             tc qdisc add dev s3 root netem {SLOW_RATE} {SLOW_LINK_QUEUE}"
-        ),
-    );
+    let slow = slow_port(3);
     let base = fleet_ports(5);
     let nodes = start_fleet(5, &base, &workload, &["--max-pairs-per-round", "1"]);
     let outs: Vec<Out> = nodes.into_iter().map(|c| c.finish(Duration::from_secs(600))).collect();

@@ -59,31 +59,27 @@ pub struct Image {
     pub env: Vec<String>,
 }
 
-/// The OCI layout of `lab/image` (RDMABENCH_IMAGE_LAYOUT moves it) and its tag, the
-/// package's version.
+/// The image `lab/image` built and unpacked on the host (`target/image/bundle`;
+/// RDMABENCH_IMAGE_DIR moves `target/image`): every pod's overlay takes its rootfs as the
+/// lower layer, read from the host's share as a snapshotter's layers are read from disk.
+/// (Unpacking under the guest's emulation took a minute; copying it in, 45 s.)
 pub fn image() -> &'static Image {
     static IMAGE: OnceLock<Image> = OnceLock::new();
     IMAGE.get_or_init(|| {
         let version = env!("CARGO_PKG_VERSION");
-        let layout = std::env::var("RDMABENCH_IMAGE_LAYOUT")
-            .unwrap_or_else(|_| format!("{}/target/image/oci", env!("CARGO_MANIFEST_DIR")));
+        let out = std::env::var("RDMABENCH_IMAGE_DIR")
+            .unwrap_or_else(|_| format!("{}/target/image", env!("CARGO_MANIFEST_DIR")));
+        let bundle = Path::new(&out).join("bundle");
         assert!(
-            Path::new(&layout).join("index.json").is_file(),
-            "no OCI image layout at {layout}: build the image with lab/image (lab/test does) before these tests"
+            bundle.join("config.json").is_file(),
+            "no unpacked image at {}: build the image with lab/image (lab/test does) before these tests",
+            bundle.display()
         );
-        let dir = Path::new(STATE).join("image");
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(STATE).unwrap();
-        let unpack = Command::new("umoci")
-            .args(["unpack", "--image", &format!("{layout}:{version}")])
-            .arg(&dir)
-            .output()
-            .expect("umoci (lab/setup.sh installs it)");
-        assert!(unpack.status.success(), "umoci unpack: {}", String::from_utf8_lossy(&unpack.stderr));
-        let config: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        let config: Value =
+            serde_json::from_str(&std::fs::read_to_string(bundle.join("config.json")).unwrap()).unwrap();
         let env =
             config["process"]["env"].as_array().unwrap().iter().map(|e| e.as_str().unwrap().to_string()).collect();
-        Image { reference: format!("rdmabench:{version}"), rootfs: dir.join("rootfs"), env }
+        Image { reference: format!("rdmabench:{version}"), rootfs: bundle.join("rootfs"), env }
     })
 }
 
@@ -94,18 +90,71 @@ pub struct Node {
     pub devices: &'static [&'static str],
 }
 
-/// One pod of an Indexed Job: its template, index, node, and the cluster around it.
+/// The controller that makes a workload's pods, by the object's kind: each names its pods,
+/// gives them host names under a subdomain and tells a pod its index its own way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Controller {
+    /// An Indexed Job (batch/v1): pods `JOB-i` under the template's subdomain, the index in
+    /// `JOB_COMPLETION_INDEX` and the `batch.kubernetes.io/job-completion-index` annotation.
+    IndexedJob,
+    /// A Volcano Job (batch.volcano.sh/v1alpha1) with the `env` and `svc` plugins: pods
+    /// `JOB-TASK-i` under the subdomain `JOB` (svc), the index in `VC_TASK_INDEX` and
+    /// `VK_TASK_INDEX` (env); no completion index.
+    VolcanoJob,
+    /// A JobSet (jobset.x-k8s.io/v1alpha2) with `enableDNSHostnames`: its Jobs are
+    /// `JOBSET-RJOB-j`, their pods `JOBSET-RJOB-j-i` under the subdomain `network.subdomain`
+    /// or the JobSet's name, each an Indexed Job's pod.
+    JobSet,
+}
+
+impl Controller {
+    pub fn of(object: &Value) -> Controller {
+        match (object["apiVersion"].as_str(), object["kind"].as_str()) {
+            (Some("batch/v1"), Some("Job")) => Controller::IndexedJob,
+            (Some("batch.volcano.sh/v1alpha1"), Some("Job")) => Controller::VolcanoJob,
+            (Some(v), Some("JobSet")) if v.starts_with("jobset.x-k8s.io/") => Controller::JobSet,
+            other => panic!("a workload the lab's controllers do not run: {other:?}"),
+        }
+    }
+}
+
+/// The pod template `object`'s controller stamps its pods from.
+pub fn pod_template(object: &Value) -> &Value {
+    match Controller::of(object) {
+        Controller::IndexedJob => &object["spec"]["template"],
+        Controller::VolcanoJob => {
+            let tasks = object["spec"]["tasks"].as_array().unwrap();
+            assert_eq!(tasks.len(), 1, "the lab runs a Volcano Job of one task");
+            &tasks[0]["template"]
+        }
+        Controller::JobSet => {
+            let jobs = object["spec"]["replicatedJobs"].as_array().unwrap();
+            assert_eq!(jobs.len(), 1, "the lab runs a JobSet of one replicated Job");
+            assert_eq!(jobs[0]["replicas"].as_u64().unwrap_or(1), 1, "of one Job");
+            let job = &jobs[0]["template"]["spec"];
+            assert_eq!(job["completionMode"], "Indexed", "a JobSet's Job is Indexed: {job}");
+            &job["template"]
+        }
+    }
+}
+
+/// One pod of a workload (an Indexed Job, a Volcano Job or a JobSet): its index, node, and
+/// the cluster around it.
 pub struct PodSpec<'a> {
     pub job: &'a Value,
     pub index: usize,
     pub node: &'a Node,
-    /// Every pod's IP by index: the headless Service's DNS records (`JOB-i.SERVICE`).
+    /// Every pod's IP by index: the headless Service's DNS records.
     pub pod_ips: &'a [&'a str],
 }
 
 impl PodSpec<'_> {
+    fn controller(&self) -> Controller {
+        Controller::of(self.job)
+    }
+
     fn template(&self) -> &Value {
-        &self.job["spec"]["template"]["spec"]
+        &pod_template(self.job)["spec"]
     }
 
     fn container(&self) -> &Value {
@@ -120,22 +169,72 @@ impl PodSpec<'_> {
         self.job["metadata"]["name"].as_str().unwrap()
     }
 
-    /// The pod's name and, for an Indexed Job with a subdomain, its host name: `JOB-INDEX`.
+    /// Pod `index`'s name, which is also its host name: `JOB-i`, `JOB-TASK-i`,
+    /// `JOBSET-RJOB-0-i`.
+    fn name_of(&self, index: usize) -> String {
+        let job = self.job_name();
+        match self.controller() {
+            Controller::IndexedJob => format!("{job}-{index}"),
+            Controller::VolcanoJob => {
+                format!("{job}-{}-{index}", self.job["spec"]["tasks"][0]["name"].as_str().unwrap())
+            }
+            Controller::JobSet => {
+                format!("{job}-{}-0-{index}", self.job["spec"]["replicatedJobs"][0]["name"].as_str().unwrap())
+            }
+        }
+    }
+
+    /// The pod's name and host name.
     pub fn name(&self) -> String {
-        format!("{}-{}", self.job_name(), self.index)
+        self.name_of(self.index)
+    }
+
+    /// The headless Service the pods' host names live under.
+    fn subdomain(&self) -> String {
+        match self.controller() {
+            Controller::IndexedJob => self.template()["subdomain"].as_str().unwrap_or(self.job_name()).to_string(),
+            // The svc plugin sets it to the Job's name (and makes that Service).
+            Controller::VolcanoJob => self.job_name().to_string(),
+            Controller::JobSet => {
+                assert_eq!(
+                    self.job["spec"]["network"]["enableDNSHostnames"], true,
+                    "host names need enableDNSHostnames"
+                );
+                self.job["spec"]["network"]["subdomain"].as_str().unwrap_or(self.job_name()).to_string()
+            }
+        }
+    }
+
+    /// What the controller adds to every container's env: the pod's index, its way.
+    fn controller_env(&self) -> Vec<(String, String)> {
+        let i = self.index.to_string();
+        match self.controller() {
+            Controller::IndexedJob | Controller::JobSet => vec![("JOB_COMPLETION_INDEX".into(), i)],
+            Controller::VolcanoJob => vec![("VC_TASK_INDEX".into(), i.clone()), ("VK_TASK_INDEX".into(), i)],
+        }
     }
 
     /// A fieldRef's value (downward API).
     fn field(&self, path: &str) -> Option<String> {
+        let indexed = self.controller() != Controller::VolcanoJob;
         Some(match path {
             "metadata.name" => self.name(),
             "metadata.namespace" => self.job["metadata"]["namespace"].as_str().unwrap_or("default").to_string(),
             "spec.nodeName" => format!("lab-node-{}", self.node.ip),
             "status.podIP" | "status.hostIP" => self.node.ip.to_string(),
-            p if p.contains("job-completion-index") => self.index.to_string(),
+            // Only the Job controller annotates its pods with their completion index.
+            p if indexed && p.contains("job-completion-index") => self.index.to_string(),
             _ => return None,
         })
     }
+}
+
+/// The directory VKE's pods mount from the node (hostPath, type Directory), with the NCCL
+/// topology file it holds on virtual machines.
+pub fn node_topology_dir() {
+    let dir = Path::new("/var/run/nvidia-topologyd");
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("virtualTopology.xml"), "<system version=\"1\">\n</system>\n").unwrap();
 }
 
 /// A container's memory limit, bytes.
@@ -254,11 +353,11 @@ pub fn env_value(container: &Value, e: &Value, field: impl Fn(&str) -> Option<St
 /// `/etc/hosts` of the pod: localhost, the pod itself, and the headless Service's records
 /// of every pod of the Job (the cluster DNS's answers, which the lab has no server for).
 fn hosts_file(pod: &PodSpec) -> String {
-    let service = pod.template()["subdomain"].as_str().unwrap_or(pod.job_name());
+    let service = pod.subdomain();
     let ns = pod.job["metadata"]["namespace"].as_str().unwrap_or("default");
     let mut hosts = String::from("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
     for (i, ip) in pod.pod_ips.iter().enumerate() {
-        let name = format!("{}-{i}", pod.job_name());
+        let name = pod.name_of(i);
         hosts.push_str(&format!("{ip}\t{name}.{service}.{ns}.svc.cluster.local {name}.{service} {name}\n"));
     }
     hosts
@@ -308,8 +407,8 @@ pub fn oci_config(pod: &PodSpec, bundle: &Path) -> Value {
     for e in c["env"].as_array().unwrap() {
         env.push(format!("{}={}", e["name"].as_str().unwrap(), env_value(c, e, |path| pod.field(path))));
     }
-    // The Job controller adds the index to every container of an Indexed Job.
-    env.push(format!("JOB_COMPLETION_INDEX={}", pod.index));
+    // The controller adds the pod's index to every container, each its own way.
+    env.extend(pod.controller_env().into_iter().map(|(k, v)| format!("{k}={v}")));
 
     // Files the kubelet manages for each container.
     std::fs::write(bundle.join("hosts"), hosts_file(pod)).unwrap();
@@ -531,6 +630,26 @@ pub fn start(pod: &PodSpec) -> Running {
 impl Running {
     fn runtime(&self, args: &[&str]) {
         let _ = Command::new(RUNTIME).args(["--root", &format!("{STATE}/runtime")]).args(args).arg(&self.name).output();
+    }
+
+    /// The OCI runtime config the pod runs with.
+    pub fn config(&self) -> Value {
+        serde_json::from_str(&std::fs::read_to_string(self.bundle.join("config.json")).unwrap()).unwrap()
+    }
+
+    /// `/proc/PID/status` of the container's own process (its pid 1), read from the node:
+    /// what `/proc/self/status` shows that process inside. None once it has ended.
+    ///
+    /// Not `crun exec ... cat /proc/self/status`: the guest's root is an initramfs, where
+    /// pivot_root cannot work, so the runtime chroots the container's process, and a
+    /// process exec'd later joins its namespaces but not its root: it read the guest's
+    /// files and /proc (seen: `/proc/1` was the guest's init).
+    pub fn status(&self) -> Option<String> {
+        let state =
+            Command::new(RUNTIME).args(["--root", &format!("{STATE}/runtime"), "state", &self.name]).output().ok()?;
+        let state: Value = serde_json::from_slice(&state.stdout).ok()?;
+        let pid = state["pid"].as_u64().filter(|&p| p > 0)?;
+        std::fs::read_to_string(format!("/proc/{pid}/status")).ok()
     }
 
     /// Waits for the container until `deadline`, then has the runtime kill it (as the

@@ -1497,14 +1497,16 @@ fn lab_memory_relaxed_ordering_hugepages_and_odp() {
     eprintln!("{}", odp.stderr.trim());
 }
 
-/// A soak: a minute of write-bw with --interval 5 gives 12 intervals (terminal, JSON
-/// lines, the final document); a write-lat soak stopped by Ctrl-C at 30 s writes a valid
-/// document with the intervals so far and exits 130, and the server hears why.
+/// A soak: 12 s of write-bw with --interval 1 gives 12 intervals (terminal, JSON lines, the
+/// final document); a write-lat soak stopped by Ctrl-C 12 s after its start writes a valid
+/// document with the intervals so far and exits 130, and the server hears why. (Seconds,
+/// not minutes: an interval's bookkeeping is the same at any length, and lab/test's time
+/// is the CI's.)
 #[test]
 fn lab_soak_reports_every_interval_and_ctrl_c_keeps_what_was_measured() {
     let dir = tempfile::tempdir().unwrap();
     let (json, log) = (json_file(&dir, "soak.json"), json_file(&dir, "soak.jsonl"));
-    let (c, s) = pair("write-bw", &["-D", "60", "--interval", "5", "--json", &json, "--interval-log", &log], &[]);
+    let (c, s) = pair("write-bw", &["-D", "12", "--interval", "1", "--json", &json, "--interval-log", &log], &[]);
     assert_eq!((c.code, s.code), (0, 0), "{}\n{}", c.stderr, s.stderr);
     let doc = valid_doc(&std::fs::read_to_string(&json).unwrap());
     let intervals = doc["results"][0]["intervals"].as_array().unwrap().clone();
@@ -1512,7 +1514,7 @@ fn lab_soak_reports_every_interval_and_ctrl_c_keeps_what_was_measured() {
     assert!(intervals.iter().all(|i| i["gbps"].as_f64().unwrap() > 0.0), "{intervals:?}");
     // An interval ends at the first completion past its boundary: its real span.
     let last_start = intervals[11]["start_s"].as_f64().unwrap();
-    assert!((55.0..56.0).contains(&last_start), "{intervals:?}");
+    assert!((11.0..12.0).contains(&last_start), "{intervals:?}");
     let lines: Vec<Value> =
         std::fs::read_to_string(&log).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines, intervals, "the JSON lines are the document's intervals");
@@ -1523,9 +1525,9 @@ fn lab_soak_reports_every_interval_and_ctrl_c_keeps_what_was_measured() {
     let json = json_file(&dir, "stopped.json");
     let addr = server_addr();
     let client =
-        spawn(&["write-lat", "-p", &port, "--timeout", "5", "-D", "60", "--interval", "5", "--json", &json, &addr]);
+        spawn(&["write-lat", "-p", &port, "--timeout", "5", "-D", "60", "--interval", "1", "--json", &json, &addr]);
     let pid = client.id() as i32;
-    std::thread::sleep(Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(12));
     assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
     let stopped = Instant::now();
     let c = finish(client, Duration::from_secs(30));
@@ -1537,7 +1539,8 @@ fn lab_soak_reports_every_interval_and_ctrl_c_keeps_what_was_measured() {
     let r = &doc["results"][0];
     let intervals = r["intervals"].as_array().unwrap();
     let end = intervals.last().unwrap()["end_s"].as_f64().unwrap();
-    assert!((5..=7).contains(&intervals.len()) && (25.0..35.0).contains(&end), "{intervals:?}");
+    // The client's set-up (connect, QPs) takes a second or two of the 12 under emulation.
+    assert!((5..=13).contains(&intervals.len()) && (5.0..13.0).contains(&end), "{intervals:?}");
     assert!(intervals.iter().all(|i| i["latency"]["p50_ns"].as_f64().unwrap() > 0.0), "{intervals:?}");
     assert!(r["latency"]["samples"].as_u64().unwrap() > 0, "{r}");
     assert!(s.code != 0 && s.stderr.contains("signal 2"), "the server hears why: {}", s.stderr);

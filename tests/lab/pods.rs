@@ -26,14 +26,6 @@ const LAB_PARAMS: &[&str] = &[
     "max_send_p50_us=1000",
 ];
 
-/// The directory VKE's pods mount from the node (hostPath, type Directory), with the NCCL
-/// topology file it holds on virtual machines.
-fn node_topology_dir() {
-    let dir = std::path::Path::new("/var/run/nvidia-topologyd");
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("virtualTopology.xml"), "<system version=\"1\">\n</system>\n").unwrap();
-}
-
 /// `k8s render ARGS` as a user of this lab renders it. Unlike a cluster, a pod's rails run
 /// one after another (`--rails sequential`): both pods share the guest's two vCPUs, and
 /// four busy-polling latency loops at once measure the scheduler (p50 6-8 ms for 26 us
@@ -53,7 +45,7 @@ fn render_for_lab(args: &[&str]) -> Value {
 /// Runs every pod of `job` at once (pod i on `nodes[i]`), as the Job controller creates
 /// them, and waits for all.
 fn run_job(job: &Value, nodes: &[&Node], limit: Duration) -> Vec<Finished> {
-    node_topology_dir();
+    kubelet::node_topology_dir();
     let ips: Vec<&str> = nodes.iter().map(|n| n.ip).collect();
     let running: Vec<kubelet::Running> = nodes
         .iter()
