@@ -164,7 +164,10 @@ fn rdmabench_flags() -> BTreeSet<String> {
         }
     }
     let mut out = BTreeSet::new();
-    walk(&Cli::command(), &mut out);
+    // Built, so that clap's own --help and --version are there too.
+    let mut cli = Cli::command();
+    cli.build();
+    walk(&cli, &mut out);
     out
 }
 
@@ -304,6 +307,33 @@ fn every_document_the_readme_links_to_exists_and_has_contents() {
         }
     }
     assert!(readme.len() < 16_000, "the README is {} bytes: keep it short, move the rest to docs/", readme.len());
+}
+
+/// Every relative link (and image) of every Markdown file the project ships resolves from
+/// that file's folder, as a repository browser resolves it.
+#[test]
+fn every_relative_link_in_the_docs_resolves() {
+    let mut files = vec![format!("{ROOT}/README.md")];
+    for dir in ["docs", "k8s-jobs", "workloads", "results", "k8s-jobs/schemas"] {
+        let Ok(entries) = std::fs::read_dir(format!("{ROOT}/{dir}")) else { continue };
+        files.extend(entries.map(|e| e.unwrap().path().display().to_string()).filter(|p| p.ends_with(".md")));
+    }
+    assert!(files.len() >= 10, "{files:?}");
+    let mut broken = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let dir = std::path::Path::new(f).parent().unwrap();
+        for target in text.split("](").skip(1).filter_map(|s| s.split([')', ' ']).next()) {
+            let path = target.split('#').next().unwrap();
+            if path.is_empty() || path.contains("://") || path.starts_with("mailto:") {
+                continue;
+            }
+            if !dir.join(path).exists() {
+                broken.push(format!("{f}: {target}"));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "links to files that are not there: {broken:#?}");
 }
 
 #[test]

@@ -27,33 +27,11 @@ const JOBS_MEASURE: &[(&str, &str)] = &[("bw_iterations", "50"), ("lat_iteration
 /// once share the guest's two vCPUs and disturb each other's latency). Returns the text
 /// (its header says how to read the verdict) and the gang's workload object.
 fn render_fleet(pods: usize, gang: &str, port: &str) -> (String, Value) {
-    let pods = pods.to_string();
-    let name = format!("rdmabench-fleet-{gang}");
-    let mut args: Vec<String> = [
-        "k8s",
-        "render",
-        "--platform",
-        "vke",
-        "--mode",
-        "exclusive",
-        "--nics",
-        "1",
-        "--fleet",
-        "all-pairs",
-        "--pods",
-        &pods,
-        "--gang",
-        gang,
-        "--name",
-        &name,
-        "-p",
-        port,
-        "--max-pairs-per-round",
-        "1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let command = format!(
+        "k8s render --platform vke --mode exclusive --nics 1 --fleet all-pairs --pods {pods} --gang {gang} \
+         --name rdmabench-fleet-{gang} -p {port} --max-pairs-per-round 1"
+    );
+    let mut args: Vec<String> = command.split_whitespace().map(str::to_string).collect();
     for (k, v) in LAB_MEASURE.iter().filter(|(k, _)| !JOBS_MEASURE.iter().any(|(m, _)| m == k)).chain(JOBS_MEASURE) {
         args.extend(["--measure".to_string(), format!("{k}={v}")]);
     }

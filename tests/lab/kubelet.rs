@@ -2,8 +2,8 @@
 //! rendered Job's pod, as far as the lab can do it for real: the image built by `lab/image`
 //! unpacked as the pod's root (an overlay, as a snapshotter gives), the spec's command and
 //! env (downward API, Secret and the Job controller's index filled in), capabilities,
-//! no_new_privs, the RuntimeDefault seccomp profile, the memory limit as a cgroup, the
-//! runtime's default 64 KiB locked-memory limit, the pod's volumes and only the
+//! no_new_privs, a RuntimeDefault seccomp profile, the memory limit as a cgroup, a
+//! 64 KiB locked-memory limit (the strictest a node gives), the pod's volumes and only the
 //! `/dev/infiniband` nodes its device plugin hands it. `crun` runs it.
 //!
 //! What the lab cannot give: a network namespace per pod (rxe on Linux 6.1 works only in
@@ -25,10 +25,13 @@ const STATE: &str = "/run/rdmabench-pods";
 /// The parent cgroup of every pod (cgroup v2, mounted by the guest's init).
 const CGROUP_PARENT: &str = "rdmabench-pods";
 /// containerd's RuntimeDefault profile is moby's; Debian ships the same allow-list (with
-/// CRI-O's additions) in containers-common, in moby's format.
+/// CRI-O's additions) in containers-common, in moby's format. Its default action answers
+/// a refused call with ENOSYS, containerd's with EPERM: a pod that passes here passes there.
 const SECCOMP_PROFILE: &str = "/usr/share/containers/seccomp.json";
 /// What a container's processes may lock without CAP_IPC_LOCK: containerd passes on its
-/// own RLIMIT_MEMLOCK, which is the kernel's default of 64 KiB under systemd.
+/// own RLIMIT_MEMLOCK. The lab takes the strictest a node gives, the kernel's default
+/// before Linux 5.16; nodes with 5.16+ or systemd 251+ give 8 MiB, and GPU nodes often
+/// run their runtime unlimited.
 pub const DEFAULT_MEMLOCK: u64 = 64 * 1024;
 /// The value of every Secret key a pod's env refers to (the control channel's token).
 pub const SECRET_TOKEN: &str = "lab-token-from-the-secret-0123";
