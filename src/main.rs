@@ -168,8 +168,14 @@ fn run(cli: Cli) -> Result<()> {
             let path = file.display().to_string();
             let text = std::fs::read_to_string(&file)
                 .map_err(|e| rdmabench::Error::Environment(format!("cannot read {path}: {e}")))?;
-            let fresh = docs::with_flag_table(&text).ok_or_else(|| {
-                rdmabench::Error::Usage(format!("{path} has no `{}` ... `{}` markers", docs::BEGIN, docs::END))
+            let fresh = docs::with_generated_sections(&text).ok_or_else(|| {
+                rdmabench::Error::Usage(format!(
+                    "{path} has no generated section: neither `{}` ... `{}` nor `{}` ... `{}` markers",
+                    docs::BEGIN,
+                    docs::END,
+                    docs::KEYS_BEGIN,
+                    docs::KEYS_END
+                ))
             })?;
             std::fs::write(&file, fresh).map_err(|e| rdmabench::Error::Environment(format!("cannot write {path}: {e}")))
         }

@@ -105,6 +105,11 @@ impl Field {
     pub fn key(self) -> &'static str {
         self.names().1
     }
+
+    /// The command line's flag of the workload key `key` (`tx_depth`: `-t`).
+    pub fn flag_of_key(key: &str) -> Option<&'static str> {
+        Self::NAMES.iter().find(|(_, _, k)| *k == key).map(|(_, flag, _)| *flag)
+    }
 }
 
 /// How a message names an option: by flag (the CLI, the wire) or by key (workload files).

@@ -71,6 +71,75 @@ struct RawWorkload {
     step: Vec<Spanned<RawStep>>,
 }
 
+/// Every key a step takes, as `RawStep` names them (a unit test holds the two together):
+/// docs/workloads.md's generated table lists each.
+pub const STEP_KEYS: &[&str] = &[
+    "name",
+    "validate",
+    "expect_nics",
+    "expect_gpus",
+    "test",
+    "size",
+    "sizes",
+    "all",
+    "iterations",
+    "duration",
+    "transport",
+    "qps",
+    "threads",
+    "tx_depth",
+    "rx_depth",
+    "cq_mod",
+    "post_list",
+    "inline",
+    "mtu",
+    "bidirectional",
+    "events",
+    "with_imm",
+    "atomic_op",
+    "outstanding_reads",
+    "validate_data",
+    "rdma_cm",
+    "cpu_util",
+    "capacity",
+    "batch",
+    "notify",
+    "tclass",
+    "sl",
+    "flow_label",
+    "hop_limit",
+    "qp_timeout",
+    "retry_count",
+    "rnr_retry",
+    "warmup",
+    "interval",
+    "relaxed_ordering",
+    "hugepages",
+    "odp",
+    "wait",
+    "repeat",
+    "thresholds",
+    "max_counters",
+    "tolerance",
+];
+
+/// The step keys a test flag does not mirror one to one, with what each means (the others
+/// mean what their flag's help says).
+pub const OWN_STEP_KEYS: &[(&str, &str)] = &[
+    ("name", "the step's name in reports and JUnit (required)"),
+    ("validate", "makes the step a validation: the profile to check, as `validate --profile`"),
+    ("expect_nics", "with `validate`: the RDMA devices the pod must have, as `validate --expect-nics`"),
+    ("expect_gpus", "with `validate`: the GPUs the pod must have, as `validate --expect-gpus`"),
+    ("test", "makes the step a measurement: the test, as its command is named (`write-bw`, `ring-lat`, ...)"),
+    ("sizes", "several message sizes, each measured in turn: a list of `size` values (`-s` takes one)"),
+    ("all", "every size from 2 B to 8 MiB, as `-a`"),
+    ("relaxed_ordering", "`false` registers the buffers without relaxed ordering, as `--no-relaxed-ordering`"),
+    ("repeat", "runs the step N times, 1 to 100; its thresholds judge the median of the runs"),
+    ("thresholds", "a table: the limits the step is judged by (below)"),
+    ("max_counters", "a table: the most events of a port counter a size may have (below)"),
+    ("tolerance", "a table: percent per metric that `compare` allows (below)"),
+];
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawStep {

@@ -167,3 +167,15 @@ fn counter_limits_are_a_table_of_their_own() {
     let e = err(&format!("{BASE}[step.max_counters]\nretransmissions = 0.5\n"));
     assert!(e.starts_with("w.toml:") && e.contains("whole number"), "{e}");
 }
+
+#[test]
+fn step_keys_are_every_key_a_step_takes() {
+    // serde names every field it would have taken when it refuses an unknown one.
+    let e = err("name = \"w\"\n[[step]]\nname = \"s\"\nno_such_key = 1\n");
+    let expected = e.split("expected one of ").nth(1).unwrap_or_else(|| panic!("{e}"));
+    let taken: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+    assert_eq!(taken, super::file::STEP_KEYS, "{e}");
+    for (key, _) in super::file::OWN_STEP_KEYS {
+        assert!(super::file::STEP_KEYS.contains(key), "{key}");
+    }
+}
