@@ -391,10 +391,35 @@ fn plugin_devices(devices: &[&str]) -> Vec<PathBuf> {
     nodes
 }
 
+/// Fields that change what a pod does on a real node and that this kubelet does not carry
+/// out: a Job that sets one must not pass the lab by accident, so it is refused here, loudly.
+/// (A non-root user, for one, loses IPC_LOCK on exec unless the capability is ambient.)
+fn refuse_what_the_lab_does_not_emulate(pod: &PodSpec) {
+    let spec = pod.template();
+    let containers = spec["containers"].as_array().expect("a pod has containers");
+    assert_eq!(containers.len(), 1, "the lab's kubelet runs one container a pod, not {}: {spec}", containers.len());
+    for field in ["initContainers", "ephemeralContainers"] {
+        assert!(spec[field].is_null(), "the lab's kubelet does not run {field}: {spec}");
+    }
+    let c = pod.container();
+    for field in ["envFrom", "workingDir", "lifecycle", "livenessProbe", "readinessProbe", "startupProbe"] {
+        assert!(c[field].is_null(), "the lab's kubelet does not honour the container's {field}: {c}");
+    }
+    for security in [&spec["securityContext"], &c["securityContext"]] {
+        for field in ["runAsUser", "runAsGroup", "runAsNonRoot", "supplementalGroups", "sysctls"] {
+            assert!(
+                security[field].is_null(),
+                "the lab's kubelet runs every container as root: it does not honour {field}: {security}"
+            );
+        }
+    }
+}
+
 /// The OCI runtime config of the pod's one container (config.json), with its bundle's
 /// files written next to it.
 pub fn oci_config(pod: &PodSpec, bundle: &Path) -> Value {
     let c = pod.container();
+    refuse_what_the_lab_does_not_emulate(pod);
     let image = image();
     assert_eq!(c["image"], image.reference.as_str(), "the Job names the image lab/image builds");
     let caps = capabilities(&c["securityContext"]);
