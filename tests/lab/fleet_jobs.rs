@@ -8,7 +8,7 @@
 
 use super::common::*;
 use super::fleet::{LAB_MEASURE, LAB_THRESHOLDS, node_addr, slow_port};
-use super::kubelet::{self, Finished, Node, PodSpec};
+use super::kubelet::{self, Finished, Node};
 
 /// The lab's six nodes as the scheduler sees them: node k has rxen<k> at 10.88.0.<10+k>.
 fn nodes(n: usize) -> Vec<Node> {
@@ -109,14 +109,8 @@ fn check_what_the_runtime_applied(pod: &kubelet::Running, security: &Value) {
 /// Runs every pod of `object` at once, pod k on node k, as its controller creates them;
 /// checks what the runtime applied inside each while it runs, and waits for all.
 fn run_fleet(object: &Value, n: usize, limit: Duration) -> Vec<Finished> {
-    kubelet::node_topology_dir();
     let nodes = nodes(n);
-    let ips: Vec<&str> = nodes.iter().map(|n| n.ip).collect();
-    let running: Vec<kubelet::Running> = nodes
-        .iter()
-        .enumerate()
-        .map(|(index, node)| kubelet::start(&PodSpec { job: object, index, node, pod_ips: &ips }))
-        .collect();
+    let running = kubelet::start_all(object, &nodes.iter().collect::<Vec<_>>());
     let deadline = Instant::now() + limit;
     let container = &kubelet::pod_template(object)["spec"]["containers"][0];
     // VKE exclusive grants IPC_LOCK alone (bit 14): a manifest that granted more fails here.
@@ -130,7 +124,7 @@ fn run_fleet(object: &Value, n: usize, limit: Duration) -> Vec<Finished> {
 }
 
 fn log(p: &Finished) -> String {
-    format!("{}\n{}", p.out.stdout, p.out.stderr)
+    p.log()
 }
 
 /// The header's `kubectl logs ... | rdmabench summarize ...` line run as the docs show it:

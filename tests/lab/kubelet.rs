@@ -568,6 +568,13 @@ pub fn oci_config(pod: &PodSpec, bundle: &Path) -> Value {
     config
 }
 
+/// Starts every pod of `job` at once, pod i on `nodes[i]`, as its controller creates them.
+pub fn start_all(job: &Value, nodes: &[&Node]) -> Vec<Running> {
+    node_topology_dir();
+    let ips: Vec<&str> = nodes.iter().map(|n| n.ip).collect();
+    nodes.iter().enumerate().map(|(index, node)| start(&PodSpec { job, index, node, pod_ips: &ips })).collect()
+}
+
 /// A pod's container while the runtime runs it.
 pub struct Running {
     pub name: String,
@@ -731,6 +738,13 @@ impl Running {
             memory_max: max,
             memory_peak: peak,
         }
+    }
+}
+
+impl Finished {
+    /// Both streams, as `kubectl logs` shows them.
+    pub fn log(&self) -> String {
+        format!("{}\n{}", self.out.stdout, self.out.stderr)
     }
 }
 

@@ -4,7 +4,7 @@
 //! runs pod 0, node "a" (rxea0, rxea1, 10.90.0.1) pod 1.
 
 use super::common::*;
-use super::kubelet::{self, DEFAULT_MEMLOCK, Finished, Node, PodSpec};
+use super::kubelet::{self, DEFAULT_MEMLOCK, Finished, Node};
 use super::rails::RAILS_SERVER;
 
 const NODE_B: Node = Node { ip: RAILS_SERVER, devices: &["rxeb0", "rxeb1"] };
@@ -45,19 +45,13 @@ fn render_for_lab(args: &[&str]) -> Value {
 /// Runs every pod of `job` at once (pod i on `nodes[i]`), as the Job controller creates
 /// them, and waits for all.
 fn run_job(job: &Value, nodes: &[&Node], limit: Duration) -> Vec<Finished> {
-    kubelet::node_topology_dir();
-    let ips: Vec<&str> = nodes.iter().map(|n| n.ip).collect();
-    let running: Vec<kubelet::Running> = nodes
-        .iter()
-        .enumerate()
-        .map(|(index, node)| kubelet::start(&PodSpec { job, index, node, pod_ips: &ips }))
-        .collect();
+    let running = kubelet::start_all(job, nodes);
     let deadline = Instant::now() + limit;
     running.into_iter().map(|r| r.wait(deadline)).collect()
 }
 
 fn log(p: &Finished) -> String {
-    format!("{}\n{}", p.out.stdout, p.out.stderr)
+    p.log()
 }
 
 /// What every pod of a passing pair shows: validate passed on exactly its node's devices,
