@@ -702,6 +702,11 @@ pub struct RenderArgs {
     /// it once per namespace (the Jobs' header shows how).
     #[arg(long = "token-secret", default_value = crate::k8s::DEFAULT_TOKEN_SECRET, value_name = "NAME")]
     pub token_secret: String,
+    /// The container's securityContext.runAsUser. Only 0 (root, stated for a policy that
+    /// wants it explicit): a non-root user's added capabilities have no effect in
+    /// Kubernetes, so IPC_LOCK could not lift the locked-memory limit (render says why).
+    #[arg(long, value_name = "UID", allow_negative_numbers = true)]
+    pub run_as_user: Option<i64>,
 }
 
 impl RenderArgs {
@@ -734,6 +739,7 @@ impl RenderArgs {
             rails: self.rails,
             params: self.params.clone(),
             token_secret: self.token_secret.clone(),
+            run_as_user: self.run_as_user,
         }
     }
 }

@@ -55,6 +55,8 @@ pub struct JobParams {
     pub registered_memory: u64,
     /// The Secret (key `token`) holding the control channel's shared token.
     pub token_secret: String,
+    /// The container's runAsUser, when stated (0: `super::check_user` refuses others).
+    pub run_as_user: Option<i64>,
 }
 
 /// Memory a pod needs beyond what its processes register: the processes themselves and
@@ -266,6 +268,7 @@ pub(super) fn pod_container(p: &JobParams, script: &str, extra: Vec<EnvVar>) -> 
             capabilities: Some(Capabilities { add: Some(caps), drop: Some(vec!["ALL".into()]) }),
             allow_privilege_escalation: Some(false),
             seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
+            run_as_user: p.run_as_user,
             ..Default::default()
         }),
         volume_mounts: Some(mounts),

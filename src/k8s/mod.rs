@@ -55,6 +55,8 @@ pub struct RenderRequest {
     pub params: Vec<(String, f64)>,
     /// The Secret holding the shared token (key `token`).
     pub token_secret: String,
+    /// `--run-as-user`: the container's runAsUser (only 0 is accepted: see `check_user`).
+    pub run_as_user: Option<i64>,
 }
 
 /// The Secret the Jobs take the token from unless told otherwise.
@@ -290,6 +292,7 @@ pub fn plan(r: &RenderRequest) -> Result<(JobParams, Vec<String>)> {
     if r.placement == Placement::SameNode && r.fleet.is_some() {
         return Err(Error::Usage("--same-node applies to a pair; a fleet spreads its pods over nodes".into()));
     }
+    check_user(r.run_as_user, mode, registered_memory)?;
     Ok((
         JobParams {
             mode,
@@ -308,9 +311,34 @@ pub fn plan(r: &RenderRequest) -> Result<(JobParams, Vec<String>)> {
             params,
             registered_memory,
             token_secret: r.token_secret.clone(),
+            run_as_user: r.run_as_user,
         },
         warnings,
     ))
+}
+
+/// A non-root user is refused, with why: Kubernetes gives a non-root container's added
+/// capabilities no effect (it sets no ambient ones, so exec clears them), so
+/// IPC_LOCK would not lift the node's locked-memory limit and every mode's profile, as its
+/// platform's document requires IPC_LOCK, fails the pod in `validate`.
+fn check_user(uid: Option<i64>, mode: &platform::Mode, registered_memory: u64) -> Result<()> {
+    match uid {
+        None | Some(0) => Ok(()),
+        Some(uid) if uid < 0 => Err(Error::Usage(format!("--run-as-user {uid}: a user ID is 0 or more"))),
+        Some(uid) => Err(Error::Usage(format!(
+            "--run-as-user {uid}: a non-root container's securityContext.capabilities.add has no effect (Kubernetes \
+             sets no ambient capabilities, so the kernel clears the added ones when the container's non-root \
+             process is exec'd), so IPC_LOCK would not lift the node's locked-memory limit \
+             (64 KiB before Linux 5.16, 8 MiB after; this Job registers up to {} per process) and `validate \
+             --profile {}` fails on cap-ipc-lock, which the {} document requires. Leave --run-as-user out: the \
+             pod runs as root with every other capability dropped, no privilege escalation and seccomp \
+             RuntimeDefault (docs: k8s-jobs/README.md, Least privilege); --run-as-user 0 states root for a \
+             policy that wants it explicit",
+            crate::verbs::memlock::human_bytes(registered_memory),
+            mode.profile,
+            platform::platform_name(mode.platform).to_uppercase()
+        ))),
+    }
 }
 
 /// The request behind each committed manifest under `k8s-jobs/`: every platform mode as
@@ -334,6 +362,7 @@ pub fn committed() -> Vec<(String, RenderRequest)> {
         port: 18515,
         params: Vec::new(),
         token_secret: DEFAULT_TOKEN_SECRET.into(),
+        run_as_user: None,
     };
     let mut v: Vec<(String, RenderRequest)> = platform::MODES
         .iter()
@@ -499,6 +528,27 @@ mod tests {
                 readme.contains(&body),
                 "k8s-jobs/README.md's tables are stale: regenerate with `rdmabench k8s render-all k8s-jobs`"
             );
+        }
+    }
+
+    #[test]
+    fn a_non_root_user_is_refused_saying_why_and_root_is_stated_when_asked() {
+        for (platform, mode) in [(Platform::Vke, "exclusive"), (Platform::Ack, "shared-hostnet")] {
+            let mut r = request(platform, mode, 1);
+            r.run_as_user = Some(1000);
+            let Err(Error::Usage(why)) = plan(&r) else { panic!("{mode}: a non-root user is refused") };
+            for part in ["--run-as-user 1000", "no ambient capabilities", "IPC_LOCK", "cap-ipc-lock", "per process"] {
+                assert!(why.contains(part), "{part:?} in {why}");
+            }
+            r.run_as_user = Some(-1);
+            assert!(matches!(plan(&r), Err(Error::Usage(_))));
+            r.run_as_user = Some(0);
+            let (_, job) = rendered(&r);
+            let c = &job["spec"]["template"]["spec"]["containers"][0]["securityContext"];
+            assert_eq!(c["runAsUser"], 0, "{c}");
+            r.run_as_user = None;
+            let (_, job) = rendered(&r);
+            assert!(job["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsUser"].is_null());
         }
     }
 

@@ -4,7 +4,8 @@
 //! env (downward API, Secret and the Job controller's index filled in), capabilities,
 //! no_new_privs, a RuntimeDefault seccomp profile, the memory limit as a cgroup, a
 //! 64 KiB locked-memory limit (the strictest a node gives), the pod's volumes and only the
-//! `/dev/infiniband` nodes its device plugin hands it. `crun` runs it.
+//! `/dev/infiniband` nodes its device plugin hands it for the resources it requests
+//! (`granted_devices`). `crun` runs it.
 //!
 //! What the lab cannot give: a network namespace per pod (rxe on Linux 6.1 works only in
 //! the initial one, see docs/lab.md), so every pod shares the guest's network as a
@@ -373,6 +374,81 @@ fn char_device(path: &Path) -> (u64, u64) {
     (libc::major(rdev) as u64, libc::minor(rdev) as u64)
 }
 
+/// How an RDMA device plugin answers a request for its resource.
+#[derive(Clone, Copy)]
+enum Grant {
+    /// `N` gives N of the node's NICs (VKE: exclusive NICs or shared virtual ones).
+    Count,
+    /// Any quantity gives every device the plugin is configured with: the node's NICs.
+    WholeNode,
+}
+
+/// The RDMA resources the lab's nodes advertise, and what each plugin's documents say a
+/// request gets: VKE's `rdma` (N NICs), VKE's `rdma-host` (1, every NIC as a sub-interface)
+/// and k8s-rdma-shared-dev-plugin's `rdma/hca` (ACK: the configured devices, whatever the
+/// count). The rows are the plugins', not rdmabench's: a rendering that requests the
+/// wrong resource or count gets the devices a cluster would give it.
+const RDMA_RESOURCES: &[(&str, Grant)] = &[
+    ("vke.volcengine.com/rdma", Grant::Count),
+    ("vke.volcengine.com/rdma-host", Grant::WholeNode),
+    ("rdma/hca", Grant::WholeNode),
+];
+
+/// A quantity of an extended resource: a whole number, as a string or a number.
+fn whole_quantity(name: &str, q: &Value) -> Result<u64, String> {
+    let text = q.as_str().map(str::to_string).unwrap_or_else(|| q.to_string());
+    text.parse().map_err(|_| format!("{name}: {q} is no whole number (extended resources are counted)"))
+}
+
+/// The devices the node's plugins hand the pod for its container's extended-resource
+/// requests, as the kubelet would: none without an RDMA resource. A request the lab's nodes
+/// cannot satisfy (a GPU, more NICs than the node has, a resource no plugin advertises) is
+/// what keeps a pod Pending on a cluster, so it fails here, loudly.
+pub fn granted_devices(pod: &PodSpec) -> Result<Vec<&'static str>, String> {
+    let resources = &pod.container()["resources"];
+    let empty = serde_json::Map::new();
+    let limits = resources["limits"].as_object().unwrap_or(&empty);
+    let requests = resources["requests"].as_object().unwrap_or(&empty);
+    let native = |name: &str| matches!(name, "cpu" | "memory" | "ephemeral-storage") || name.starts_with("hugepages-");
+    let mut rdma = Vec::new();
+    for name in limits.keys().chain(requests.keys()).filter(|n| !native(n)) {
+        // The API server's rule for extended resources: no overcommit.
+        let limit = limits.get(name).ok_or_else(|| format!("{name} is requested without a limit: {resources}"))?;
+        let count = whole_quantity(name, limit)?;
+        if let Some(request) = requests.get(name)
+            && whole_quantity(name, request)? != count
+        {
+            return Err(format!("{name}: requests {request} differ from limits {limit} (no overcommit)"));
+        }
+        if name == "nvidia.com/gpu" {
+            return Err(format!(
+                "the lab's nodes have no GPU: a pod requesting nvidia.com/gpu: {count} stays Pending (Insufficient nvidia.com/gpu)"
+            ));
+        }
+        let (_, grant) = RDMA_RESOURCES
+            .iter()
+            .find(|(r, _)| r == name)
+            .ok_or_else(|| format!("no plugin on the lab's nodes advertises {name}: the pod would stay Pending"))?;
+        if !rdma.iter().any(|(n, _, _)| n == name) {
+            rdma.push((name.as_str(), *grant, count));
+        }
+    }
+    let node = pod.node.devices;
+    match rdma[..] {
+        [] => Ok(Vec::new()),
+        [(name, _, 0)] => Err(format!("{name}: 0 gives no device")),
+        [(_, Grant::WholeNode, _)] => Ok(node.to_vec()),
+        [(name, Grant::Count, count)] if count as usize > node.len() => {
+            Err(format!("{name}: {count} on a node with {} NIC(s): Pending (Insufficient {name})", node.len()))
+        }
+        [(_, Grant::Count, count)] => Ok(node[..count as usize].to_vec()),
+        _ => {
+            let names: Vec<&str> = rdma.iter().map(|r| r.0).collect();
+            Err(format!("one RDMA resource a pod, not {names:?}: {resources}"))
+        }
+    }
+}
+
 /// The verbs nodes of `devices` (`/sys/class/infiniband_verbs/uverbsN/ibdev` names each
 /// node's device) and `rdma_cm`: what an RDMA device plugin puts in the pod's
 /// `ContainerAllocateResponse`.
@@ -387,6 +463,9 @@ fn plugin_devices(devices: &[&str]) -> Vec<PathBuf> {
         .collect();
     nodes.sort();
     assert_eq!(nodes.len(), devices.len(), "a verbs node for each of {devices:?}");
+    if devices.is_empty() {
+        return nodes;
+    }
     nodes.push("/dev/infiniband/rdma_cm".into());
     nodes
 }
@@ -406,9 +485,16 @@ fn refuse_what_the_lab_does_not_emulate(pod: &PodSpec) {
         assert!(c[field].is_null(), "the lab's kubelet does not honour the container's {field}: {c}");
     }
     for security in [&spec["securityContext"], &c["securityContext"]] {
-        for field in ["runAsUser", "runAsGroup", "runAsNonRoot", "supplementalGroups", "sysctls"] {
+        // Root stated explicitly (`render --run-as-user 0`) is what the lab does anyway.
+        for field in ["runAsUser", "runAsGroup"] {
             assert!(
-                security[field].is_null(),
+                security[field].is_null() || security[field] == 0,
+                "the lab's kubelet runs every container as root: it does not honour {field}: {security}"
+            );
+        }
+        for field in ["runAsNonRoot", "supplementalGroups", "sysctls"] {
+            assert!(
+                security[field].is_null() || security[field] == false,
                 "the lab's kubelet runs every container as root: it does not honour {field}: {security}"
             );
         }
@@ -501,7 +587,7 @@ pub fn oci_config(pod: &PodSpec, bundle: &Path) -> Value {
         }
     }
 
-    let devices: Vec<Value> = plugin_devices(pod.node.devices)
+    let devices: Vec<Value> = plugin_devices(&granted_devices(pod).unwrap_or_else(|e| panic!("{}: {e}", pod.name())))
         .iter()
         .map(|p| {
             let (major, minor) = char_device(p);

@@ -4,7 +4,7 @@
 //! runs pod 0, node "a" (rxea0, rxea1, 10.90.0.1) pod 1.
 
 use super::common::*;
-use super::kubelet::{self, DEFAULT_MEMLOCK, Finished, Node};
+use super::kubelet::{self, DEFAULT_MEMLOCK, Finished, Node, PodSpec};
 use super::rails::RAILS_SERVER;
 
 const NODE_B: Node = Node { ip: RAILS_SERVER, devices: &["rxeb0", "rxeb1"] };
@@ -107,11 +107,25 @@ fn lab_pods_vke_exclusive_two_nics_pass_acceptance_under_crun_with_least_privile
 
 /// VKE shared-host: the pod sees every NIC of its node (IPVLAN sub-interfaces there; a
 /// veth end here, which sysfs shows the same way), and its memory limit, sized for the
-/// node's two NICs, holds both rails' buffers.
+/// node's two NICs, holds both rails' buffers. Rendered with root stated (`--run-as-user 0`,
+/// for a policy that wants it explicit), which runs as the default does.
 #[test]
 fn lab_pods_vke_shared_host_sees_every_nic_of_its_node_under_crun() {
-    let args = ["--platform", "vke", "--mode", "shared-host", "--machine-nics", "2", "--workload", "smoke"];
-    let pods = passing_pair(&render_for_lab(&args), "smoke", Duration::from_secs(300));
+    let args = [
+        "--platform",
+        "vke",
+        "--mode",
+        "shared-host",
+        "--machine-nics",
+        "2",
+        "--workload",
+        "smoke",
+        "--run-as-user",
+        "0",
+    ];
+    let job = render_for_lab(&args);
+    assert_eq!(job["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsUser"], 0);
+    let pods = passing_pair(&job, "smoke", Duration::from_secs(300));
     assert!(log(&pods[1]).contains("PASS  ipvlan"), "{}", log(&pods[1]));
 }
 
@@ -145,4 +159,39 @@ fn lab_pods_a_pod_without_ipc_lock_fails_with_the_memlock_error() {
         "{}",
         pod.termination_message
     );
+}
+
+/// The lab's device plugins give each rendered request what a cluster's give: VKE's
+/// `vke.volcengine.com/rdma: N` N NICs of the node, `rdma-host` and ACK's `rdma/hca` every
+/// NIC; a pod without an RDMA resource gets no device, and one the node cannot satisfy (more
+/// NICs than it has, a GPU) does not run. So a rendering that requests the wrong resource
+/// or count cannot pass the pod tests above by being handed the node's NICs anyway.
+#[test]
+fn lab_pods_the_device_plugins_grant_what_the_pod_requests() {
+    const ONE_NIC: Node = Node { ip: "10.90.0.1", devices: &["rxea0"] };
+    let grant = |job: &Value, node: &Node| {
+        kubelet::granted_devices(&PodSpec { job, index: 0, node, pod_ips: &[node.ip, node.ip] })
+    };
+    let render = |args: &str| rendered_job(&args.split(' ').collect::<Vec<_>>());
+    let vke_one = render("--platform vke --mode exclusive --nics 1 --workload smoke");
+    assert_eq!(grant(&vke_one, &NODE_B), Ok(vec!["rxeb0"]), "vke.volcengine.com/rdma: 1 is one NIC");
+    let vke_two = render("--platform vke --mode exclusive --nics 2 --workload smoke");
+    assert_eq!(grant(&vke_two, &NODE_B), Ok(vec!["rxeb0", "rxeb1"]));
+    let refused = grant(&vke_two, &ONE_NIC).unwrap_err();
+    assert!(refused.contains("Insufficient vke.volcengine.com/rdma"), "{refused}");
+    for mode in
+        ["--platform vke --mode shared-host", "--platform ack --mode shared-hostnet", "--platform ack --mode exclusive"]
+    {
+        let job = render(&format!("{mode} --machine-nics 2 --workload smoke"));
+        assert_eq!(grant(&job, &NODE_B), Ok(vec!["rxeb0", "rxeb1"]), "{mode}: every NIC of the node");
+    }
+    let gpus = render("--platform vke --mode exclusive --nics 1 --gpus 1 --workload smoke");
+    let refused = grant(&gpus, &NODE_B).unwrap_err();
+    assert!(refused.contains("no GPU") && refused.contains("Pending"), "{refused}");
+    let mut bare = vke_one.clone();
+    let resources = &mut bare["spec"]["template"]["spec"]["containers"][0]["resources"];
+    for side in ["limits", "requests"] {
+        resources[side].as_object_mut().unwrap().remove("vke.volcengine.com/rdma");
+    }
+    assert_eq!(grant(&bare, &NODE_B), Ok(vec![]), "no RDMA resource, no device");
 }
