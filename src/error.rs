@@ -61,6 +61,18 @@ impl Error {
         ))
     }
 
+    /// The same error, its message made safe to print and bounded
+    /// (`names::quoting_error`): for an error that quotes what a file or a peer said.
+    pub fn quoting(self) -> Error {
+        match self {
+            Error::Usage(m) => Error::Usage(crate::names::quoting_error(&m)),
+            Error::Environment(m) => Error::Environment(crate::names::quoting_error(&m)),
+            Error::Check(m) => Error::Check(crate::names::quoting_error(&m)),
+            Error::Peer(m) => Error::Peer(crate::names::quoting_error(&m)),
+            e @ Error::Interrupted(_) => e,
+        }
+    }
+
     /// Prefixes the message with context, keeping the class.
     pub fn context(self, what: &str) -> Error {
         match self {

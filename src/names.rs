@@ -60,6 +60,39 @@ pub fn too_long(what: &str, name: &str) -> Option<String> {
     })
 }
 
+/// The longest message rdmabench makes of text it read from a file or a peer.
+pub const MAX_QUOTING_ERROR: usize = 4096;
+
+/// Characters that text read from outside may not carry to a terminal or a log as they are:
+/// controls, line and paragraph separators, bidi overrides.
+pub fn unsafe_char(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// The text with every unsafe character written as a visible escape (`\u{1b}`).
+pub fn escape(s: &str) -> String {
+    s.chars().map(|c| if unsafe_char(c) { c.escape_unicode().to_string() } else { c.to_string() }).collect()
+}
+
+/// An error message that quotes what was read (a parser's message showing the file's
+/// line, a peer's unknown value), made safe to print: unsafe characters escaped but the
+/// message's own newlines and tabs (a parser's excerpt and caret), and at most
+/// [`MAX_QUOTING_ERROR`] bytes, with a marker saying how much was cut. A file or a peer
+/// can then make an error long or odd, but never a flood or a forged line.
+pub fn quoting_error(message: &str) -> String {
+    let mut out = String::with_capacity(message.len().min(MAX_QUOTING_ERROR));
+    for (at, c) in message.char_indices() {
+        let piece =
+            if unsafe_char(c) && c != '\n' && c != '\t' { c.escape_unicode().to_string() } else { c.to_string() };
+        if out.len() + piece.len() > MAX_QUOTING_ERROR - 48 {
+            out.push_str(&format!(" [... {} bytes cut]", message.len() - at));
+            return out;
+        }
+        out.push_str(&piece);
+    }
+    out
+}
+
 /// This host's node name, defused: what the peer, the tables and the JSON show. `(none)`
 /// in a VM whose kernel was never given one; `unknown` when it cannot be read or is empty.
 pub fn this_host() -> String {

@@ -116,7 +116,8 @@ pub struct FleetFile {
 
 impl FleetFile {
     pub fn parse(text: &str, path: &str) -> Result<FleetFile, String> {
-        let f: FleetFile = toml::from_str(text).map_err(|e| format!("{path}: {e}"))?;
+        // The parser's message shows the file's line: made safe to print, bounded.
+        let f: FleetFile = toml::from_str(text).map_err(|e| crate::names::quoting_error(&format!("{path}: {e}")))?;
         f.measure.check().map_err(|e| format!("{path}: [measure] {e}"))?;
         f.thresholds.check().map_err(|e| format!("{path}: [thresholds] {e}"))?;
         Ok(f)

@@ -106,7 +106,8 @@ pub fn read(path: &str) -> Result<RunDocument> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::Usage(format!("cannot read {path}: {e}")))?;
     let v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| Error::Usage(format!("{path} is not JSON: {e}")))?;
-    let bad = |e: serde_json::Error| Error::Usage(format!("{path} is not a valid rdmabench document: {e}"));
+    // The decoder's message can quote the document (an unknown value): bounded, escaped.
+    let bad = |e: serde_json::Error| Error::Usage(format!("{path} is not a valid rdmabench document: {e}")).quoting();
     match v.get("schema").and_then(|s| s.as_str()) {
         Some(SCHEMA) => {
             let version = v.get("schema_version").and_then(|s| s.as_u64()).unwrap_or(0);

@@ -8,6 +8,9 @@
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value;
 
+pub use crate::names::escape;
+use crate::names::unsafe_char;
+
 /// No control message comes near this; anything larger is garbage or an attack.
 pub const MAX_FRAME: usize = 1 << 20;
 const HEADER: usize = 4;
@@ -57,21 +60,12 @@ pub fn decode<T: DeserializeOwned>(buf: &[u8]) -> Result<Option<(T, usize)>, Fra
     if buf.len() < HEADER + len {
         return Ok(None);
     }
-    let mut value: Value =
-        serde_json::from_slice(&buf[HEADER..HEADER + len]).map_err(|e| FrameError::Malformed(e.to_string()))?;
+    // A decoder's message can quote the peer's text (an unknown variant): bounded.
+    let malformed = |e: serde_json::Error| FrameError::Malformed(crate::names::quoting_error(&e.to_string()));
+    let mut value: Value = serde_json::from_slice(&buf[HEADER..HEADER + len]).map_err(malformed)?;
     defuse(&mut value)?;
-    let msg = serde_json::from_value(value).map_err(|e| FrameError::Malformed(e.to_string()))?;
+    let msg = serde_json::from_value(value).map_err(malformed)?;
     Ok(Some((msg, HEADER + len)))
-}
-
-/// Characters a peer's text may not carry into a log or a terminal as they are.
-fn unsafe_char(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-}
-
-/// The text with every unsafe character written as a visible escape (`\u{1b}`).
-pub fn escape(s: &str) -> String {
-    s.chars().map(|c| if unsafe_char(c) { c.escape_unicode().to_string() } else { c.to_string() }).collect()
 }
 
 /// Escapes every string value in place; a key with such characters is no field of ours.
@@ -81,7 +75,8 @@ fn defuse(v: &mut Value) -> Result<(), FrameError> {
         Value::Array(items) => items.iter_mut().try_for_each(defuse)?,
         Value::Object(fields) => {
             if let Some(k) = fields.keys().find(|k| k.chars().any(unsafe_char)) {
-                return Err(FrameError::Malformed(format!("field name {:?} has control characters", escape(k))));
+                let k = crate::names::quoting_error(&escape(k));
+                return Err(FrameError::Malformed(format!("field name {k:?} has control characters")));
             }
             fields.values_mut().try_for_each(defuse)?;
         }

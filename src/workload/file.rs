@@ -228,7 +228,12 @@ pub fn load(path: &str, overrides: &BTreeMap<String, f64>) -> Result<Workload> {
     parse(&text, path, overrides)
 }
 
+/// Reads and checks a workload's text; its errors quote the file, made safe to print.
 pub fn parse(text: &str, file: &str, overrides: &BTreeMap<String, f64>) -> Result<Workload> {
+    parse_quoting(text, file, overrides).map_err(Error::quoting)
+}
+
+fn parse_quoting(text: &str, file: &str, overrides: &BTreeMap<String, f64>) -> Result<Workload> {
     let src = Source { file, text };
     let raw: RawWorkload = toml::from_str(text).map_err(|e| decode_error(&src, &e))?;
     let mut params = raw.params.clone();

@@ -1,0 +1,47 @@
+//! Run documents as `compare` reads them (a baseline kept from another day, another host or
+//! another version), and the comparison drawn from them.
+
+use std::path::Path;
+
+use rdmabench::regress;
+use rdmabench::report::run as doc;
+
+use super::harness::*;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+fn baseline() -> String {
+    format!("{ROOT}/results/baseline-rxe.json")
+}
+
+fn seeds() -> Vec<Vec<u8>> {
+    vec![std::fs::read(baseline()).unwrap()]
+}
+
+/// Reads `bytes` as the current run and compares it with the baseline, and with itself.
+fn compare(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    std::fs::write(path, bytes).unwrap();
+    let base = doc::read(&baseline()).unwrap();
+    let cur = doc::read(path.to_str().unwrap()).map_err(|e| e.message())?;
+    for (a, b) in [(&base, &cur), (&cur, &base), (&cur, &cur)] {
+        for (env, counters) in [(true, true), (false, false)] {
+            match regress::compare_counting(a, b, 5.0, env, counters) {
+                Ok(c) => {
+                    let mut sink = Vec::new();
+                    regress::print(&c, &mut sink).map_err(|e| e.message())?;
+                    let _ = (regress::junit_cases(&c), serde_json::to_string(&c).unwrap(), c.failure());
+                }
+                Err(e) => return Err(e.message()),
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn mutated_run_documents_compare_or_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("current.json");
+    assert_eq!(compare(&path, &seeds()[0]), Ok(()), "the baseline compares with itself");
+    property("compare run documents", mutated(seeds(), 6), |bytes| (bytes.len(), compare(&path, bytes)));
+}
