@@ -182,7 +182,7 @@ fn records<T: serde::de::DeserializeOwned>(
         ))),
         Marked::Record { json, .. } => {
             let r: T = serde_json::from_str(json)
-                .map_err(|e| Error::Usage(format!("line {n}: a malformed {mark}line: {e}")))?;
+                .map_err(|e| Error::Usage(format!("line {n}: a malformed {mark}line: {e}")).quoting())?;
             unique.insert(key(&r), format!("line {n}"), what)?;
             out.push(r);
             Ok(())
@@ -246,7 +246,8 @@ fn fleet_logs(paths: &[String], nodes: u32) -> Result<FleetLogs> {
                 }
                 Marked::Record { mark, json } => (mark, json),
             };
-            let skip = |why: String| format!("{at}: {why}");
+            // The decoder's message can quote the line: bounded and escaped.
+            let skip = |why: String| crate::names::quoting_error(&format!("{at}: {why}"));
             match json {
                 (0, text) => match serde_json::from_str::<PairRow>(text).map_err(|e| e.to_string()).and_then(|r| {
                     r.check(nodes)?;

@@ -240,7 +240,7 @@ pub fn noise() -> impl Strategy<Value = Vec<u8>> {
 
 /// A refusal a user can act on: said in words, on a bounded number of lines, and with no
 /// character that would restyle a terminal or forge a log line.
-fn clear_error(decoder: &str, message: &str) -> Result<(), String> {
+pub fn clear_error(decoder: &str, message: &str) -> Result<(), String> {
     if message.trim().is_empty() {
         return Err(format!("{decoder}: an empty error"));
     }
