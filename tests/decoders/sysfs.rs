@@ -112,9 +112,9 @@ fn changed_sysfs_trees_validate_or_are_refused_clearly() {
     let root = tempfile::tempdir().unwrap();
     let seeds = seeds(root.path());
     // The healthy two-NIC node gives an NCCL environment in every format.
-    for profile in 0..PROFILES.len() {
-        let outcome = read_tree(&seeds[0].tree, profile, 2, profile);
-        assert!(outcome.is_ok(), "{}: {outcome:?}", PROFILES[profile].name);
+    for (k, profile) in PROFILES.iter().enumerate() {
+        let outcome = read_tree(&seeds[0].tree, k, 2, k);
+        assert!(outcome.is_ok(), "{}: {outcome:?}", profile.name);
     }
     let changes = proptest::collection::vec((any::<Index>(), change()), 1..4);
     let strategy = (0..seeds.len(), changes, any::<usize>(), 0u32..10, any::<usize>());
