@@ -233,7 +233,8 @@ fn take_tasks(
         let Task { work, .. } = match answer {
             Message::Task(t) if t.step == step => t,
             Message::Refuse { code, message } => {
-                return Err(Error::from_code(code, format!("the fleet's barrier refused this node: {message}")));
+                let why = format!("the fleet's barrier refused this node: {message}");
+                return Err(Error::from_code(code, why).quoting());
             }
             other => return Err(chan.unexpected(&other, &format!("this node's task for step {step}"))),
         };

@@ -685,10 +685,12 @@ impl Channel {
             Message::Abort { code, reason } => {
                 // The peer's own failure (usage, check...) keeps its class; anything else means we lost it.
                 let text = format!("{} gave up: {reason}", self.peer);
+                // The peer's words, bounded and made safe to print.
                 Err(match code {
                     1..=3 => Error::from_code(code, text),
                     _ => Error::Peer(text),
-                })
+                }
+                .quoting())
             }
             other => Ok(other),
         }

@@ -69,7 +69,7 @@ pub fn finish(chan: &mut Channel, token: Option<&Token>) -> Result<()> {
     match chan.recv_handshake("the server's goodbye")? {
         Message::Bye => Ok(()),
         Message::Refuse { code, message } => {
-            Err(Error::from_code(code, format!("server refused the finish: {message}")))
+            Err(Error::from_code(code, format!("server refused the finish: {message}")).quoting())
         }
         other => Err(chan.unexpected(&other, "bye")),
     }

@@ -261,7 +261,10 @@ pub fn check_welcome(msg: Message) -> Result<()> {
             "protocol version mismatch: the server (rdmabench {tool_version}) speaks v{version}, \
              this client speaks v{PROTOCOL_VERSION}; run the same rdmabench version on both sides"
         ))),
-        Message::Refuse { code, message } => Err(Error::from_code(code, format!("server refused the test: {message}"))),
+        // The peer's words, bounded and made safe to print.
+        Message::Refuse { code, message } => {
+            Err(Error::from_code(code, format!("server refused the test: {message}")).quoting())
+        }
         other => Err(Error::Peer(format!("expected welcome, got {}", other.kind()))),
     }
 }

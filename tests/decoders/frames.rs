@@ -183,4 +183,9 @@ fn frames_on_the_limits() {
     assert_eq!(decode(&(MAX_FRAME as u32).to_be_bytes()).1, Ok(()), "waits for the body");
     let deep = framed(format!("{}{}", "[".repeat(5000), "]".repeat(5000)).into_bytes(), 0, 0);
     assert!(decode(&deep).1.is_err());
+    // Found by the million-case run: a server's refusal of 70,000 bytes became an error of
+    // 70,000 bytes. The peer's words are now cut at 4 KiB, with a marker.
+    let refusal = Message::Refuse { code: 2, message: format!("\u{1b}[31m{}", "a".repeat(70_000)) };
+    let why = decode(&frame::encode(&refusal).unwrap()).1.unwrap_err();
+    assert!(why.len() <= 4096 && why.ends_with("bytes cut]") && !why.contains('\u{1b}'), "{why}");
 }

@@ -12,7 +12,7 @@ use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 /// Cases per decoder: a few thousand in `cargo test`; `RDMABENCH_DECODER_CASES=1000000`
-/// for the long run (docs/testing.md).
+/// for the long run (docs/development.md).
 pub fn cases() -> u32 {
     std::env::var("RDMABENCH_DECODER_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000)
 }

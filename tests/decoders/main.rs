@@ -5,7 +5,7 @@
 //! at their limits, escapes, splices, truncations, deep nesting, huge runs) and bytes from
 //! nowhere. Each decoder must not panic, must hold memory bounded by its input's size, and
 //! must refuse with a clear error. A few thousand cases each here; a million each with
-//! `RDMABENCH_DECODER_CASES=1000000` (docs/testing.md).
+//! `RDMABENCH_DECODER_CASES=1000000` (docs/development.md).
 
 mod files;
 mod frames;

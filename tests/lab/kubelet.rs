@@ -7,9 +7,9 @@
 //! `/dev/infiniband` nodes its device plugin hands it for the resources it requests
 //! (`granted_devices`). `crun` runs it.
 //!
-//! What the lab cannot give: a network namespace per pod (rxe on Linux 6.1 works only in
-//! the initial one, see docs/lab.md), so every pod shares the guest's network as a
-//! hostNetwork pod does; the cluster's DNS, which `/etc/hosts` stands in for.
+//! What the lab cannot give: a network namespace per pod (rxe, on Linux 6.1 and 6.12,
+//! carries RDMA only in the initial one, see docs/lab.md), so every pod shares the guest's
+//! network as a hostNetwork pod does; the cluster's DNS, which `/etc/hosts` stands in for.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
