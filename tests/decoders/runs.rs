@@ -38,6 +38,20 @@ fn compare(path: &Path, bytes: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// Found by the million-case run: a device name with a bidi override reached compare's
+/// error as it was.
+#[test]
+fn a_baseline_s_text_reaches_errors_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("current.json");
+    let text = std::fs::read_to_string(baseline()).unwrap();
+    let device = text.find("\"device\": \"").expect("the baseline names its device");
+    let odd =
+        format!("{}\"device\": \"\u{202e}\\u001b[31m{}", &text[..device], &text[device + "\"device\": \"".len()..]);
+    let why = compare(&path, odd.as_bytes()).unwrap_err();
+    assert!(why.contains("different environments") && why.contains("\\u{202e}") && !why.contains('\u{1b}'), "{why}");
+}
+
 #[test]
 fn mutated_run_documents_compare_or_are_refused_clearly() {
     let dir = tempfile::tempdir().unwrap();
