@@ -227,8 +227,13 @@ pub fn check_name(what: &str, name: &str) -> Result<()> {
     }
 }
 
-/// Server side: accepts a `Hello` of our protocol version, or says why not.
+/// Server side: accepts a `Hello` of our protocol version, or says why not (quoting the
+/// peer's words bounded and made safe to print).
 pub fn check_hello(msg: &Message) -> Result<&TestSpec> {
+    hello_spec(msg).map_err(Error::quoting)
+}
+
+fn hello_spec(msg: &Message) -> Result<&TestSpec> {
     match msg {
         Message::Hello { magic, version, tool_version, spec, node, rail, .. } => {
             if magic != MAGIC {
@@ -250,8 +255,13 @@ pub fn check_hello(msg: &Message) -> Result<&TestSpec> {
     }
 }
 
-/// Client side: the server's answer to `Hello`.
+/// Client side: the server's answer to `Hello` (its words quoted bounded and made safe to
+/// print).
 pub fn check_welcome(msg: Message) -> Result<()> {
+    welcome(msg).map_err(Error::quoting)
+}
+
+fn welcome(msg: Message) -> Result<()> {
     match msg {
         Message::Welcome { version, node, devices, .. } if version == PROTOCOL_VERSION => {
             check_name("the server's node name", &node)?;
@@ -261,10 +271,7 @@ pub fn check_welcome(msg: Message) -> Result<()> {
             "protocol version mismatch: the server (rdmabench {tool_version}) speaks v{version}, \
              this client speaks v{PROTOCOL_VERSION}; run the same rdmabench version on both sides"
         ))),
-        // The peer's words, bounded and made safe to print.
-        Message::Refuse { code, message } => {
-            Err(Error::from_code(code, format!("server refused the test: {message}")).quoting())
-        }
+        Message::Refuse { code, message } => Err(Error::from_code(code, format!("server refused the test: {message}"))),
         other => Err(Error::Peer(format!("expected welcome, got {}", other.kind()))),
     }
 }

@@ -183,6 +183,17 @@ fn junit_case(c: &Check) -> junit::Case {
     }
 }
 
+/// `value` as one shell word that `eval` cannot run: as it is when it is plain (device
+/// and interface lists), else single-quoted. A netdev may be called `$(x)` (Linux refuses
+/// only `/`, `:` and spaces in one), and `eval "$(rdmabench nccl-env)"` must not run it.
+fn shell_word(value: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ',' | ':' | '/' | '=' | '+' | '@');
+    if !value.is_empty() && value.chars().all(plain) {
+        return value.to_string();
+    }
+    format!("'{}'", value.replace('\'', r"'\''"))
+}
+
 /// `nccl-env`: the variables as `export` lines, `NAME=value` lines or JSON.
 pub fn nccl_env(tree: &Tree, format: NcclFormat, out: &mut dyn Write) -> Result<()> {
     let env = nccl::compute(tree)?;
@@ -194,7 +205,7 @@ pub fn nccl_env(tree: &Tree, format: NcclFormat, out: &mut dyn Write) -> Result<
         );
     }
     let text = match format {
-        NcclFormat::Export => env.vars().iter().map(|(k, v)| format!("export {k}={v}\n")).collect(),
+        NcclFormat::Export => env.vars().iter().map(|(k, v)| format!("export {k}={}\n", shell_word(v))).collect(),
         NcclFormat::Env => env.vars().iter().map(|(k, v)| format!("{k}={v}\n")).collect(),
         NcclFormat::Json => {
             serde_json::to_string_pretty(&json!({

@@ -277,3 +277,11 @@ fn nccl_env_lists_a_port_with_two_addresses_once() {
     assert_eq!(env.hca, ["mlx5_0:1", "mlx5_1:1"]);
     assert_eq!(env.gid_index, 3, "the index both ports have");
 }
+
+#[test]
+fn nccl_env_export_lines_cannot_run_a_netdev_name() {
+    assert_eq!(super::shell_word("mlx5_0:1,mlx5_1:1"), "mlx5_0:1,mlx5_1:1");
+    assert_eq!(super::shell_word("$(reboot)"), "'$(reboot)'");
+    assert_eq!(super::shell_word("a'b;c"), r"'a'\''b;c'");
+    assert_eq!(super::shell_word(""), "''");
+}

@@ -188,4 +188,17 @@ fn frames_on_the_limits() {
     let refusal = Message::Refuse { code: 2, message: format!("\u{1b}[31m{}", "a".repeat(70_000)) };
     let why = decode(&frame::encode(&refusal).unwrap()).1.unwrap_err();
     assert!(why.len() <= 4096 && why.ends_with("bytes cut]") && !why.contains('\u{1b}'), "{why}");
+    // And a hello whose magic is 70,000 bytes.
+    let Message::Hello { spec, .. } = serde_json::from_slice::<Message>(&seeds()[1]).unwrap() else { unreachable!() };
+    let hello = Message::Hello {
+        magic: "a".repeat(70_000),
+        version: proto::PROTOCOL_VERSION,
+        tool_version: String::new(),
+        node: String::new(),
+        spec,
+        rail: None,
+        auth: None,
+    };
+    let why = decode(&frame::encode(&hello).unwrap()).1.unwrap_err();
+    assert!(why.starts_with("peer is not rdmabench") && why.len() <= 4096, "{why}");
 }

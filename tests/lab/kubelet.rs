@@ -753,6 +753,17 @@ impl Running {
         let _ = Command::new(RUNTIME).args(["--root", &format!("{STATE}/runtime")]).args(args).arg(&self.name).output();
     }
 
+    /// `kubectl cp SRC POD:DEST`: the file lands in the container's own filesystem (the
+    /// overlay's upper layer, seen through the merged root it runs in), whole: written
+    /// beside DEST, then renamed, as a `kubectl exec` after the copy would find it.
+    pub fn copy_in(&self, src: &Path, dest: &str) {
+        let dest = self.bundle.join("rootfs").join(dest.trim_start_matches('/'));
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        let part = dest.with_extension("part");
+        std::fs::copy(src, &part).unwrap_or_else(|e| panic!("{} -> {}: {e}", src.display(), part.display()));
+        std::fs::rename(&part, &dest).unwrap();
+    }
+
     /// The OCI runtime config the pod runs with.
     pub fn config(&self) -> Value {
         serde_json::from_str(&std::fs::read_to_string(self.bundle.join("config.json")).unwrap()).unwrap()

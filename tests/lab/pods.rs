@@ -3,6 +3,8 @@
 //! (`kubelet`), on two cables (`lab/run --nics 2`): node "b" (rxeb0, rxeb1, 10.90.1.1)
 //! runs pod 0, node "a" (rxea0, rxea1, 10.90.0.1) pod 1.
 
+use std::path::Path;
+
 use super::common::*;
 use super::kubelet::{self, DEFAULT_MEMLOCK, Finished, Node, PodSpec};
 use super::rails::RAILS_SERVER;
@@ -194,4 +196,32 @@ fn lab_pods_the_device_plugins_grant_what_the_pod_requests() {
         resources[side].as_object_mut().unwrap().remove("vke.volcengine.com/rdma");
     }
     assert_eq!(grant(&bare, &NODE_B), Ok(vec![]), "no RDMA resource, no device");
+}
+
+/// docs/validate.md's first way to validate a pod: rdmabench copied into a running pod whose
+/// image lacks it (`kubectl cp`), then run in that container, where the plugin's devices,
+/// the capabilities and the locked-memory limit are. The pod's own command stands in for
+/// the user's workload: it removes the image's rdmabench, then waits for the copy and runs
+/// it, as `kubectl exec` would.
+#[test]
+fn lab_pods_rdmabench_copied_into_a_running_pod_validates_what_it_was_given() {
+    let mut job = render_for_lab(&["--platform", "vke", "--mode", "exclusive", "--nics", "2", "--workload", "smoke"]);
+    let script = r#"set -eu
+rm -f /usr/local/bin/rdmabench
+if command -v rdmabench; then echo "the image still has rdmabench"; exit 96; fi
+echo "no rdmabench in this image; waiting for the copy"
+i=0
+while [ ! -x /opt/rdmabench/rdmabench ]; do i=$((i + 1)); [ "$i" -lt 1200 ] || exit 97; sleep 0.1; done
+exec /opt/rdmabench/rdmabench validate --profile vke-exclusive --expect-nics 2"#;
+    let c = &mut job["spec"]["template"]["spec"]["containers"][0];
+    c["command"] = serde_json::json!(["/bin/sh", "-c", script]);
+    c["args"] = Value::Null;
+    let pod = kubelet::start_all(&job, &[&NODE_B]).remove(0);
+    pod.copy_in(Path::new(BIN), "/opt/rdmabench/rdmabench");
+    let pod = pod.wait(Instant::now() + Duration::from_secs(120));
+    let log = log(&pod);
+    assert_eq!(pod.out.code, 0, "validate passes in the pod:\n{log}");
+    assert!(log.contains("no rdmabench in this image"), "{log}");
+    assert!(log.contains("2 usable (rxeb0, rxeb1) of 4 visible"), "only the pod's devices:\n{log}");
+    assert!(log.contains("PASS  cap-ipc-lock") && log.contains("PASS  register-memory"), "{log}");
 }
