@@ -159,6 +159,17 @@ pub fn compare_counting(
     allow_env_mismatch: bool,
     counters: bool,
 ) -> Result<Comparison> {
+    // Its errors quote the documents (devices, steps): bounded and made safe to print.
+    comparison(base, cur, tolerance_pct, allow_env_mismatch, counters).map_err(Error::quoting)
+}
+
+fn comparison(
+    base: &RunDocument,
+    cur: &RunDocument,
+    tolerance_pct: f64,
+    allow_env_mismatch: bool,
+    counters: bool,
+) -> Result<Comparison> {
     let environment_differences = environment_differences(base, cur);
     if !environment_differences.is_empty() && !allow_env_mismatch {
         return Err(Error::Usage(format!(
