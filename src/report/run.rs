@@ -101,16 +101,20 @@ impl StepRecord {
     }
 }
 
-/// Reads a run document, or a single test's result document (as a one-step run).
+/// Reads a run document, or a single test's result document (as a one-step run). Its
+/// errors can quote the document (a schema name, a value): bounded and made safe to print.
 pub fn read(path: &str) -> Result<RunDocument> {
+    read_quoting(path).map_err(Error::quoting)
+}
+
+fn read_quoting(path: &str) -> Result<RunDocument> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::Usage(format!("cannot read {path}: {e}")))?;
     let mut v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| Error::Usage(format!("{path} is not JSON: {e}")))?;
     // A baseline may come from anywhere: its text reaches tables, errors and JUnit only
     // with unsafe characters written as visible escapes.
     escape_strings(&mut v);
-    // The decoder's message can quote the document (an unknown value): bounded, escaped.
-    let bad = |e: serde_json::Error| Error::Usage(format!("{path} is not a valid rdmabench document: {e}")).quoting();
+    let bad = |e: serde_json::Error| Error::Usage(format!("{path} is not a valid rdmabench document: {e}"));
     match v.get("schema").and_then(|s| s.as_str()) {
         Some(SCHEMA) => {
             let version = v.get("schema_version").and_then(|s| s.as_u64()).unwrap_or(0);

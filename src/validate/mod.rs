@@ -201,7 +201,7 @@ pub fn nccl_env(tree: &Tree, format: NcclFormat, out: &mut dyn Write) -> Result<
         // stderr: stdout stays eval-able.
         eprintln!(
             "rdmabench: nccl-env: skipped {} (in sysfs, but this process has no /dev/infiniband verbs node for it)",
-            env.skipped.join(", ")
+            crate::names::escape(&env.skipped.join(", "))
         );
     }
     let text = match format {

@@ -50,6 +50,10 @@ fn a_baseline_s_text_reaches_errors_escaped() {
         format!("{}\"device\": \"\u{202e}\\u001b[31m{}", &text[..device], &text[device + "\"device\": \"".len()..]);
     let why = compare(&path, odd.as_bytes()).unwrap_err();
     assert!(why.contains("different environments") && why.contains("\\u{202e}") && !why.contains('\u{1b}'), "{why}");
+    // And a schema name of 140,000 bytes was quoted whole.
+    let odd = text.replacen("\"rdmabench/run\"", &format!("\"{}\"", "[".repeat(140_000)), 1);
+    let why = compare(&path, odd.as_bytes()).unwrap_err();
+    assert!(why.len() <= 4096 && why.ends_with("bytes cut]"), "{}", &why[..200]);
 }
 
 #[test]
