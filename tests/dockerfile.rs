@@ -1,32 +1,44 @@
 //! The Dockerfile's build stage has every file the build reads: a `docker build` fails on
 //! the first `include_str!` (or module, or target) it did not copy, which no cargo build in
 //! the repository sees. The files the build read come from the compiler itself: the
-//! dep-info (`.d`) cargo writes beside the rdmabench binary these tests run lists every
-//! source and included file of the binary and its library, so nothing here parses Rust.
+//! dep-info (`.d`) rustc writes for every compilation of the crate (its library, its
+//! binary, their test builds) lists every source and included file, so nothing here
+//! parses Rust.
 
 use std::path::{Path, PathBuf};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-/// Every file the rdmabench binary's build read, relative to the repository, from the
-/// dep-info the compiler wrote for it (`target/PROFILE/rdmabench.d`).
+/// Every file the crate's compilations read, relative to the repository: the union of the
+/// dependencies in rustc's dep-info files of crate `rdmabench` beside the binary these
+/// tests run (`target/PROFILE/deps/rdmabench-HASH.d`). Those of earlier builds may list a
+/// file since removed: only files that exist count.
 fn files_the_build_read() -> Vec<PathBuf> {
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_rdmabench"));
-    let dep_info = bin.with_extension("d");
-    let text = std::fs::read_to_string(&dep_info)
-        .unwrap_or_else(|e| panic!("{}: {e} (cargo writes it with the binary)", dep_info.display()));
-    let deps = text.lines().find_map(|line| line.split_once(": ")).map(|(_, deps)| deps).expect("a make rule");
-    // Make's syntax: paths are separated by spaces, a space inside one is escaped.
+    let deps = PathBuf::from(env!("CARGO_BIN_EXE_rdmabench")).parent().unwrap().join("deps");
     let root = Path::new(ROOT).canonicalize().unwrap();
     let mut files = Vec::new();
-    for path in deps.replace("\\ ", "\u{0}").split_whitespace().map(|p| p.replace('\u{0}', " ")) {
-        let path = Path::new(&path);
-        let rel = path
-            .strip_prefix(&root)
-            .or_else(|_| path.strip_prefix(ROOT))
-            .unwrap_or_else(|_| panic!("the build read {} outside the repository", path.display()));
-        files.push(rel.to_path_buf());
+    for entry in std::fs::read_dir(&deps).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        if !(name.starts_with("rdmabench-") && name.ends_with(".d")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(entry.path()).unwrap();
+        // The first rule: `OUTPUT: DEP DEP ...`, in make's syntax (a space in a path is
+        // escaped); paths relative to the package's root or absolute.
+        let Some((_, line)) = text.lines().find_map(|l| l.split_once(": ")) else { continue };
+        for dep in line.replace("\\ ", "\u{0}").split_whitespace().map(|p| p.replace('\u{0}', " ")) {
+            let path = root.join(&dep);
+            let Ok(path) = path.canonicalize() else { continue };
+            let rel = path
+                .strip_prefix(&root)
+                .unwrap_or_else(|_| panic!("{}: the build read {} outside the repository", name, path.display()));
+            if !files.iter().any(|f| f == rel) {
+                files.push(rel.to_path_buf());
+            }
+        }
     }
+    assert!(!files.is_empty(), "no dep-info of crate rdmabench in {}", deps.display());
+    files.sort();
     files
 }
 
