@@ -74,6 +74,29 @@ pub fn escape(s: &str) -> String {
     s.chars().map(|c| if unsafe_char(c) { c.escape_unicode().to_string() } else { c.to_string() }).collect()
 }
 
+/// Every string of a JSON value escaped in place ([`escape`]), object keys too: text read
+/// from a peer or a file reaches logs and tables only so. Returns the first key that needed
+/// it (escaped), which a decoder that knows every field of its messages refuses.
+pub fn escape_json(v: &mut serde_json::Value) -> Option<String> {
+    use serde_json::Value;
+    match v {
+        Value::String(s) if s.chars().any(unsafe_char) => {
+            *s = escape(s);
+            None
+        }
+        Value::Array(items) => items.iter_mut().fold(None, |first, item| first.or(escape_json(item))),
+        Value::Object(fields) => {
+            let mut first = None;
+            if fields.keys().any(|k| k.chars().any(unsafe_char)) {
+                first = fields.keys().find(|k| k.chars().any(unsafe_char)).map(|k| escape(k));
+                *fields = std::mem::take(fields).into_iter().map(|(k, v)| (escape(&k), v)).collect();
+            }
+            fields.values_mut().fold(first, |first, value| first.or(escape_json(value)))
+        }
+        _ => None,
+    }
+}
+
 /// An error message that quotes what was read (a parser's message showing the file's
 /// line, a peer's unknown value), made safe to print: unsafe characters escaped but the
 /// message's own newlines and tabs (a parser's excerpt and caret), and at most

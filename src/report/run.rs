@@ -113,7 +113,7 @@ fn read_quoting(path: &str) -> Result<RunDocument> {
         serde_json::from_str(&text).map_err(|e| Error::Usage(format!("{path} is not JSON: {e}")))?;
     // A baseline may come from anywhere: its text reaches tables, errors and JUnit only
     // with unsafe characters written as visible escapes.
-    escape_strings(&mut v);
+    crate::names::escape_json(&mut v);
     let bad = |e: serde_json::Error| Error::Usage(format!("{path} is not a valid rdmabench document: {e}"));
     match v.get("schema").and_then(|s| s.as_str()) {
         Some(SCHEMA) => {
@@ -138,22 +138,6 @@ fn read_quoting(path: &str) -> Result<RunDocument> {
             "{path} is a {other:?} document; compare reads rdmabench/run (from `rdmabench run --json`) or \
              rdmabench/result (a test's --json)"
         ))),
-    }
-}
-
-/// Every string of `v` (keys too) with its control, separator and bidi characters escaped.
-fn escape_strings(v: &mut serde_json::Value) {
-    use serde_json::Value;
-    match v {
-        Value::String(s) if s.chars().any(crate::names::unsafe_char) => *s = crate::names::escape(s),
-        Value::Array(items) => items.iter_mut().for_each(escape_strings),
-        Value::Object(fields) => {
-            if fields.keys().any(|k| k.chars().any(crate::names::unsafe_char)) {
-                *fields = std::mem::take(fields).into_iter().map(|(k, v)| (crate::names::escape(&k), v)).collect();
-            }
-            fields.values_mut().for_each(escape_strings);
-        }
-        _ => {}
     }
 }
 

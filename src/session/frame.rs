@@ -8,9 +8,6 @@
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value;
 
-pub use crate::names::escape;
-use crate::names::unsafe_char;
-
 /// No control message comes near this; anything larger is garbage or an attack.
 pub const MAX_FRAME: usize = 1 << 20;
 const HEADER: usize = 4;
@@ -63,24 +60,11 @@ pub fn decode<T: DeserializeOwned>(buf: &[u8]) -> Result<Option<(T, usize)>, Fra
     // A decoder's message can quote the peer's text (an unknown variant): bounded.
     let malformed = |e: serde_json::Error| FrameError::Malformed(crate::names::quoting_error(&e.to_string()));
     let mut value: Value = serde_json::from_slice(&buf[HEADER..HEADER + len]).map_err(malformed)?;
-    defuse(&mut value)?;
+    // Every string escaped; a key that needed it is no field of ours.
+    if let Some(k) = crate::names::escape_json(&mut value) {
+        let k = crate::names::quoting_error(&k);
+        return Err(FrameError::Malformed(format!("field name {k:?} has control characters")));
+    }
     let msg = serde_json::from_value(value).map_err(malformed)?;
     Ok(Some((msg, HEADER + len)))
-}
-
-/// Escapes every string value in place; a key with such characters is no field of ours.
-fn defuse(v: &mut Value) -> Result<(), FrameError> {
-    match v {
-        Value::String(s) if s.chars().any(unsafe_char) => *s = escape(s),
-        Value::Array(items) => items.iter_mut().try_for_each(defuse)?,
-        Value::Object(fields) => {
-            if let Some(k) = fields.keys().find(|k| k.chars().any(unsafe_char)) {
-                let k = crate::names::quoting_error(&escape(k));
-                return Err(FrameError::Malformed(format!("field name {k:?} has control characters")));
-            }
-            fields.values_mut().try_for_each(defuse)?;
-        }
-        _ => {}
-    }
-    Ok(())
 }

@@ -201,4 +201,12 @@ fn frames_on_the_limits() {
     };
     let why = decode(&frame::encode(&hello).unwrap()).1.unwrap_err();
     assert!(why.starts_with("peer is not rdmabench") && why.len() <= 4096, "{why}");
+    // A field name with a control character is no field of ours: refused, shown escaped;
+    // the same character in a value is escaped and the message taken.
+    let bad_key = framed(br#"{"type":"bye","a\u001bb":1}"#.to_vec(), 0, 0);
+    let why = decode(&bad_key).1.unwrap_err();
+    assert!(why.contains("field name") && why.contains("\\u{1b}") && !why.contains('\u{1b}'), "{why}");
+    let bad_value = framed(br#"{"type":"abort","code":4,"reason":"a\u001b[31mb"}"#.to_vec(), 0, 0);
+    let Ok(Some((Message::Abort { reason, .. }, _))) = frame::decode::<Message>(&bad_value) else { panic!() };
+    assert_eq!(reason, "a\\u{1b}[31mb");
 }
