@@ -35,11 +35,11 @@ run_perftest() { # name tool args column
   # shellcheck disable=SC2086
   timeout 120 taskset -c "$client_cpu" "$tool" -x 1 -p 18515 $args "$addr" > "$tmp/pc.out" 2>&1 || true
   wait "$srv" || true
-  local v fastest=""
-  v=$(perftest_row "$tmp/pc.out" | awk -v f="$col" '{print $f}')
+  local row v fastest=""
+  row=$(perftest_row "$tmp/pc.out")
+  v=$(awk -v f="$col" '{print $f}' <<< "$row")
   # A latency row (t_typical in column 5) has t_min in column 3: the run's fastest sample.
-  [ "$col" = 5 ] && [ "$(grep -c t_typical "$tmp/pc.out")" -gt 0 ] \
-    && fastest=",\"fastest\":$(perftest_row "$tmp/pc.out" | awk '{print $3}')"
+  [ "$col" = 5 ] && grep -q t_typical "$tmp/pc.out" && fastest=",\"fastest\":$(awk '{print $3}' <<< "$row")"
   [ -n "$v" ] && echo "BENCH {\"case\":\"$name\",\"tool\":\"perftest\",\"value\":$v$fastest}" || echo "perftest $tool failed: $(tail -2 "$tmp/pc.out")"
 }
 

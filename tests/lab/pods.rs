@@ -52,14 +52,10 @@ fn run_job(job: &Value, nodes: &[&Node], limit: Duration) -> Vec<Finished> {
     running.into_iter().map(|r| r.wait(deadline)).collect()
 }
 
-fn log(p: &Finished) -> String {
-    p.log()
-}
-
 /// What every pod of a passing pair shows: validate passed on exactly its node's devices,
 /// with CAP_IPC_LOCK over the runtime's 64 KiB memlock limit, under its memory limit.
 fn check_pod(p: &Finished, node: &Node, limit: u64) {
-    let log = log(p);
+    let log = p.log();
     assert_eq!(p.out.code, 0, "pod {}:\n{log}", p.name);
     let visible = format!("{} usable ({}) of 4 visible", node.devices.len(), node.devices.join(", "));
     assert!(log.contains(&visible), "only the pod's /dev/infiniband nodes ({visible}):\n{log}");
@@ -79,7 +75,7 @@ fn check_pair(pods: &[Finished], workload: &str, rails: usize) {
     assert_eq!(pods[0].termination_message.trim(), "pod 0 served the workload (exit 0)");
     let dir = tempfile::tempdir().unwrap();
     let logs = dir.path().join("pods.log");
-    std::fs::write(&logs, pods.iter().map(log).collect::<Vec<_>>().join("\n")).unwrap();
+    std::fs::write(&logs, pods.iter().map(Finished::log).collect::<Vec<_>>().join("\n")).unwrap();
     let s = run(&["summarize", logs.to_str().unwrap()]);
     assert_eq!(s.code, 0, "{}\n{}", s.stdout, s.stderr);
     assert!(s.stdout.contains(&format!("1 link(s), 0 failed; {rails} rail(s), 0 failed")), "{}", s.stdout);
@@ -102,7 +98,7 @@ fn passing_pair(job: &Value, workload: &str, limit: Duration) -> Vec<Finished> {
 fn lab_pods_vke_exclusive_two_nics_pass_acceptance_under_crun_with_least_privilege() {
     let job = render_for_lab(&["--platform", "vke", "--mode", "exclusive", "--nics", "2", "--workload", "acceptance"]);
     let pods = passing_pair(&job, "acceptance", Duration::from_secs(600));
-    let client = log(&pods[1]);
+    let client = pods[1].log();
     assert!(client.contains("PASS  exclusive-nic") && client.contains("topology-file"), "{client}");
     assert!(client.contains(" rail 1: rxea1") && client.contains("-> rxeb1"), "both rails, pod to pod: {client}");
 }
@@ -128,7 +124,7 @@ fn lab_pods_vke_shared_host_sees_every_nic_of_its_node_under_crun() {
     let job = render_for_lab(&args);
     assert_eq!(job["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsUser"], 0);
     let pods = passing_pair(&job, "smoke", Duration::from_secs(300));
-    assert!(log(&pods[1]).contains("PASS  ipvlan"), "{}", log(&pods[1]));
+    assert!(pods[1].log().contains("PASS  ipvlan"), "{}", pods[1].log());
 }
 
 /// ACK shared rdma/hca on the node's network: hostNetwork, IPC_LOCK and SYS_RESOURCE.
@@ -138,7 +134,7 @@ fn lab_pods_ack_shared_hostnet_passes_under_crun() {
     let job = render_for_lab(&args);
     assert_eq!(job["spec"]["template"]["spec"]["hostNetwork"], true);
     let pods = passing_pair(&job, "smoke", Duration::from_secs(300));
-    assert!(log(&pods[1]).contains("PASS  cap-sys-resource"), "{}", log(&pods[1]));
+    assert!(pods[1].log().contains("PASS  cap-sys-resource"), "{}", pods[1].log());
 }
 
 /// The same pod without IPC_LOCK: registration is refused under the 64 KiB limit, and the
@@ -149,7 +145,7 @@ fn lab_pods_a_pod_without_ipc_lock_fails_with_the_memlock_error() {
     let caps = &mut job["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"];
     caps["add"] = serde_json::json!([]);
     let pod = run_job(&job, &[&NODE_B], Duration::from_secs(120)).remove(0);
-    let log = log(&pod);
+    let log = pod.log();
     assert_eq!(pod.out.code, 1, "validate fails the pod:\n{log}");
     assert!(log.contains("FAIL  cap-ipc-lock") && log.contains("FAIL  memlock"), "{log}");
     assert!(
@@ -219,7 +215,7 @@ exec /opt/rdmabench/rdmabench validate --profile vke-exclusive --expect-nics 2"#
     let pod = kubelet::start_all(&job, &[&NODE_B]).remove(0);
     pod.copy_in(Path::new(BIN), "/opt/rdmabench/rdmabench");
     let pod = pod.wait(Instant::now() + Duration::from_secs(120));
-    let log = log(&pod);
+    let log = pod.log();
     assert_eq!(pod.out.code, 0, "validate passes in the pod:\n{log}");
     assert!(log.contains("no rdmabench in this image"), "{log}");
     assert!(log.contains("2 usable (rxeb0, rxeb1) of 4 visible"), "only the pod's devices:\n{log}");
