@@ -28,6 +28,7 @@ perftest_row() { awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && NF >= 5 {row=$0} END
 
 run_perftest() { # name tool args column
   local name=$1 tool=$2 args=$3 col=$4
+  mark_counters
   # shellcheck disable=SC2086
   taskset -c "$server_cpu" "$tool" -x 1 -p 18515 $args > "$tmp/ps.out" 2>&1 &
   local srv=$!
@@ -40,7 +41,7 @@ run_perftest() { # name tool args column
   v=$(awk -v f="$col" '{print $f}' <<< "$row")
   # A latency row (t_typical in column 5) has t_min in column 3: the run's fastest sample.
   [ "$col" = 5 ] && grep -q t_typical "$tmp/pc.out" && fastest=",\"fastest\":$(awk '{print $3}' <<< "$row")"
-  [ -n "$v" ] && echo "BENCH {\"case\":\"$name\",\"tool\":\"perftest\",\"value\":$v$fastest}" || echo "perftest $tool failed: $(tail -2 "$tmp/pc.out")"
+  [ -n "$v" ] && echo "BENCH {\"case\":\"$name\",\"tool\":\"perftest\",\"value\":$v$fastest,$(retransmits_since)}" || echo "perftest $tool failed: $(tail -2 "$tmp/pc.out")"
 }
 
 for r in $(seq 1 "$rounds"); do

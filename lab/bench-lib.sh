@@ -10,8 +10,25 @@ ncpu=$(nproc)
 server_cpu=0
 client_cpu=$(( ncpu > 1 ? 1 : 0 ))
 
+# The driver's count of a hw counter over every RDMA device (rxe: one device in the loopback
+# guest, both ends of every run), read before and after a run of either tool: what RC's
+# retransmissions cost shows beside the figure, measured the same way for both.
+hw_count() { # counter name
+  local total=0 f
+  for f in /sys/class/infiniband/*/ports/*/hw_counters/"$1"; do
+    [ -r "$f" ] && total=$(( total + $(cat "$f") ))
+  done
+  echo "$total"
+}
+# Marks the counters before a run; retransmits_since prints the JSON fields of what moved.
+mark_counters() { retries0=$(hw_count completer_retry_err); dups0=$(hw_count duplicate_request); }
+retransmits_since() {
+  echo "\"retries\":$(( $(hw_count completer_retry_err) - retries0 )),\"duplicates\":$(( $(hw_count duplicate_request) - dups0 ))"
+}
+
 run_ours() { # name test args metric scale [tool label] [more JSON fields of the BENCH line]
   local name=$1 test=$2 args=$3 metric=$4 scale=$5 label=${6:-rdmabench} more=${7:+,$7}
+  mark_counters
   taskset -c "$server_cpu" "$bin" "$test" -p 18516 > "$tmp/os.out" 2>&1 &
   local srv=$!
   # shellcheck disable=SC2086
@@ -31,6 +48,6 @@ extra = ''.join(f',\"{k}\":{cpu(r[f])}' for k, f in (('cpu_us', 'cpu_util_pct'),
 if a == 'latency':
     extra += f',\"fastest\":{r[a][\"min_ns\"] * $scale}'
 print(f'{r[a][b] * $scale}{extra}')" 2>/dev/null) || { echo "rdmabench $test failed: $(tail -2 "$tmp/oc.err")"; return; }
-  echo "BENCH {\"case\":\"$name\",\"tool\":\"$label\",\"value\":$v$more}"
+  echo "BENCH {\"case\":\"$name\",\"tool\":\"$label\",\"value\":$v,$(retransmits_since)$more}"
 }
 

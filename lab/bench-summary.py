@@ -54,6 +54,11 @@ for name in dict.fromkeys(r["case"] for r in runs):
     cpu = {t: {k: statistics.median(xs) for k in ("cpu_us", "peer_cpu_us")
                if (xs := [r[k] for r in runs if r["case"] == name and r["tool"] == t and k in r])}
            for t in (tool_a, tool_b)}
+    # RC retransmissions during each run (the driver's counters, read around it, both tools
+    # alike): ACK-timeout retries and the duplicate packets they made the responder drop.
+    rtx = {t: {k: statistics.median(xs) for k in ("retries", "duplicates")
+               if (xs := [r[k] for r in runs if r["case"] == name and r["tool"] == t and k in r])}
+           for t in (tool_a, tool_b)}
     cases.append({
         "case": name,
         "spread": spread,
@@ -64,6 +69,7 @@ for name in dict.fromkeys(r["case"] for r in runs):
         "target": target, "met": met, "verdict": verdict,
         **({"fastest_sample": fastest} if fastest else {}),
         **({"cpu_us_per_message": cpu} if any(cpu.values()) else {}),
+        **({"retransmissions_per_run": rtx} if all(rtx.values()) else {}),
     })
 if tool_b == "perftest":
     what = "rdmabench vs perftest (each test against its twin)"
@@ -97,6 +103,14 @@ if cpu_cases:
               f"| case | {tool_a} | {tool_b} |", "|---|---|---|"]
     for c in cpu_cases:
         show = lambda t: " / ".join(f"{c['cpu_us_per_message'][t].get(k, float('nan')):.2f}" for k in ("cpu_us", "peer_cpu_us"))
+        lines.append(f"| {c['case']} | {show(tool_a)} | {show(tool_b)} |")
+rtx_cases = [c for c in cases if "retransmissions_per_run" in c]
+if rtx_cases:
+    lines += ["", f"RC retransmissions per run, median: ACK-timeout retries / duplicate packets dropped by the responder "
+              f"(the devices' hw_counters read around each run, {tool_a} and {tool_b} alike)", "",
+              f"| case | {tool_a} | {tool_b} |", "|---|---|---|"]
+    for c in rtx_cases:
+        show = lambda t: " / ".join(f"{c['retransmissions_per_run'][t][k]:g}" for k in ("retries", "duplicates"))
         lines.append(f"| {c['case']} | {show(tool_a)} | {show(tool_b)} |")
 open(f"{stem}.md", "w").write(
     f"# {what} on soft-RoCE (lab guest, {rounds} alternating rounds)\n\n"
