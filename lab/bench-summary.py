@@ -17,6 +17,10 @@ def bootstrap_ci(xs, n=4000):
     return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
 
 runs = [json.loads(l.split(" ", 1)[1]) for l in open(raw) if l.startswith("BENCH ")]
+def medians(name, tool, keys):
+    """Each of `keys`' median over the case's runs of `tool`, where the runs carry it."""
+    return {k: statistics.median(xs) for k in keys
+            if (xs := [r[k] for r in runs if r["case"] == name and r["tool"] == tool and k in r])}
 cases = []
 for name in dict.fromkeys(r["case"] for r in runs):
     vals = {t: [r["value"] for r in runs if r["case"] == name and r["tool"] == t] for t in (tool_a, tool_b)}
@@ -51,14 +55,10 @@ for name in dict.fromkeys(r["case"] for r in runs):
         if not met and fastest["met"]:
             verdict = "within noise (the fastest samples meet it)"
     # CPU per message (us), each side's median, where the runs measured it (--cpu-util).
-    cpu = {t: {k: statistics.median(xs) for k in ("cpu_us", "peer_cpu_us")
-               if (xs := [r[k] for r in runs if r["case"] == name and r["tool"] == t and k in r])}
-           for t in (tool_a, tool_b)}
+    cpu = {t: medians(name, t, ("cpu_us", "peer_cpu_us")) for t in (tool_a, tool_b)}
     # RC retransmissions during each run (the driver's counters, read around it, both tools
     # alike): ACK-timeout retries and the duplicate packets they made the responder drop.
-    rtx = {t: {k: statistics.median(xs) for k in ("retries", "duplicates")
-               if (xs := [r[k] for r in runs if r["case"] == name and r["tool"] == t and k in r])}
-           for t in (tool_a, tool_b)}
+    rtx = {t: medians(name, t, ("retries", "duplicates")) for t in (tool_a, tool_b)}
     cases.append({
         "case": name,
         "spread": spread,
@@ -97,21 +97,20 @@ for c in cases:
                  + (f"{f['paired_ratio']:.3f} ({f['paired_ratio_ci95'][0]:.3f}..{f['paired_ratio_ci95'][1]:.3f}) | "
                     if (f := c.get("fastest_sample")) else "| ")
                  + f"{c['target']} {c['verdict']} |")
-cpu_cases = [c for c in cases if "cpu_us_per_message" in c]
-if cpu_cases:
-    lines += ["", f"CPU time per record/message, median, us (client / server): {tool_a} against {tool_b}", "",
-              f"| case | {tool_a} | {tool_b} |", "|---|---|---|"]
-    for c in cpu_cases:
-        show = lambda t: " / ".join(f"{c['cpu_us_per_message'][t].get(k, float('nan')):.2f}" for k in ("cpu_us", "peer_cpu_us"))
-        lines.append(f"| {c['case']} | {show(tool_a)} | {show(tool_b)} |")
-rtx_cases = [c for c in cases if "retransmissions_per_run" in c]
-if rtx_cases:
-    lines += ["", f"RC retransmissions per run, median: ACK-timeout retries / duplicate packets dropped by the responder "
-              f"(the devices' hw_counters read around each run, {tool_a} and {tool_b} alike)", "",
-              f"| case | {tool_a} | {tool_b} |", "|---|---|---|"]
-    for c in rtx_cases:
-        show = lambda t: " / ".join(f"{c['retransmissions_per_run'][t][k]:g}" for k in ("retries", "duplicates"))
-        lines.append(f"| {c['case']} | {show(tool_a)} | {show(tool_b)} |")
+def side_by_side(key, heading, cell):
+    """A table of the cases that have `key`: each tool's `cell` of it, beside the other's."""
+    shown = [c for c in cases if key in c]
+    if not shown:
+        return []
+    return (["", heading, "", f"| case | {tool_a} | {tool_b} |", "|---|---|---|"]
+            + [f"| {c['case']} | {cell(c[key][tool_a])} | {cell(c[key][tool_b])} |" for c in shown])
+lines += side_by_side("cpu_us_per_message",
+                      f"CPU time per record/message, median, us (client / server): {tool_a} against {tool_b}",
+                      lambda m: " / ".join(f"{m.get(k, float('nan')):.2f}" for k in ("cpu_us", "peer_cpu_us")))
+lines += side_by_side("retransmissions_per_run",
+                      "RC retransmissions per run, median: ACK-timeout retries / duplicate packets dropped by the "
+                      f"responder (the devices' hw_counters read around each run, {tool_a} and {tool_b} alike)",
+                      lambda m: " / ".join(f"{m[k]:g}" for k in ("retries", "duplicates")))
 open(f"{stem}.md", "w").write(
     f"# {what} on soft-RoCE (lab guest, {rounds} alternating rounds)\n\n"
     "Latency: lower is better; bandwidth and message rate: higher is better. Each case's target is a ratio.\n"

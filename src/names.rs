@@ -84,11 +84,11 @@ pub fn escape_json(v: &mut serde_json::Value) -> Option<String> {
             *s = escape(s);
             None
         }
+        // `or` takes its argument eagerly: every item is escaped, whichever came first.
         Value::Array(items) => items.iter_mut().fold(None, |first, item| first.or(escape_json(item))),
         Value::Object(fields) => {
-            let mut first = None;
-            if fields.keys().any(|k| k.chars().any(unsafe_char)) {
-                first = fields.keys().find(|k| k.chars().any(unsafe_char)).map(|k| escape(k));
+            let first = fields.keys().find(|k| k.chars().any(unsafe_char)).map(|k| escape(k));
+            if first.is_some() {
                 *fields = std::mem::take(fields).into_iter().map(|(k, v)| (escape(&k), v)).collect();
             }
             fields.values_mut().fold(first, |first, value| first.or(escape_json(value)))
