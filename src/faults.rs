@@ -11,6 +11,9 @@ pub const FAULT_ENV: &str = "RDMABENCH_FAULT";
 /// A server's session thread, once the client's measured run has begun (after `Ready`).
 pub const SERVER_RUN: &str = "server-run";
 
+/// `history add`, inside its transaction: the run's row written, its points not yet.
+pub const HISTORY_WRITE: &str = "history-write";
+
 /// Stands still at `point` when `RDMABENCH_FAULT` is `stall:<point>`: sleeps until a
 /// SIGINT or SIGTERM, touching nothing (the keepalive goes on beating).
 pub fn stall_at(point: &str) {

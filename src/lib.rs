@@ -16,7 +16,7 @@
 //! | layer | modules | what it owns |
 //! |---|---|---|
 //! | app | main, cli | parse flags, map errors to exit codes |
-//! | suites | workload, regress, k8s, fleet | suites and verdicts, baselines, manifests, fleets and their verdicts |
+//! | suites | workload, regress, history, k8s, fleet | suites and verdicts, baselines, perf history, manifests, fleets and their verdicts |
 //! | bench | bench | the kernels (latency, bandwidth, ring) and the roles that drive them |
 //! | ring | ring | the zero-copy ring library: pure core + transport on `link` |
 //! | validate | validate | what a pod was given, checked against a platform mode |
@@ -31,6 +31,7 @@ pub mod cli;
 pub mod error;
 pub mod faults;
 pub mod fleet;
+pub mod history;
 pub mod k8s;
 pub mod link;
 pub mod names;

@@ -3,7 +3,7 @@
 use clap::Parser;
 
 use rdmabench::bench::runner;
-use rdmabench::cli::{Cli, Command, DocsCommand, K8sCommand, RunArgs, TestArgs, docs};
+use rdmabench::cli::{Cli, Command, DocsCommand, HistoryCommand, K8sCommand, RunArgs, TestArgs, docs};
 use rdmabench::spec::{Measure, Operation};
 use rdmabench::{Result, fleet, k8s, regress, report, signals, validate, verbs, workload};
 
@@ -108,6 +108,29 @@ fn k8s_command(command: K8sCommand, out: &mut dyn std::io::Write) -> Result<()> 
     }
 }
 
+fn history_command(command: HistoryCommand, out: &mut dyn std::io::Write) -> Result<()> {
+    use rdmabench::history::command as h;
+    match command {
+        HistoryCommand::Add { run, store, label, setup } => h::add(&store.store, &run, &label, setup.as_deref(), out),
+        HistoryCommand::List { store, filter } => h::list(&store.store, &filter.filter(), out),
+        HistoryCommand::Show { store, filter } => h::show(&store.store, &filter.filter(), out),
+        HistoryCommand::Export { store, filter, csv: _, output: None } => {
+            h::export_csv(&store.store, &filter.filter(), out)
+        }
+        HistoryCommand::Export { store, filter, csv: _, output: Some(path) } => {
+            let mut text = Vec::new();
+            h::export_csv(&store.store, &filter.filter(), &mut text)?;
+            report::file::write(&path, &text, "the CSV")
+        }
+        HistoryCommand::Check { store, filter, judge, json } => {
+            h::check(&h::CheckRequest { store: store.store, filter: filter.filter(), judge: judge.judge(), json }, out)
+        }
+        HistoryCommand::Plot { store, filter, judge, output } => {
+            h::plot(&store.store, &filter.filter(), &judge.judge(), &output)
+        }
+    }
+}
+
 fn run(cli: Cli) -> Result<()> {
     if let Some((operation, measure, args)) = cli.command.test() {
         return run_test(operation, measure, args);
@@ -123,6 +146,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Run(args) => run_workload(&args, out),
         Command::Compare(args) => regress::command::compare(&args.request(), out),
         Command::Plot(args) => report::plot::command(&args.request()),
+        Command::History { command } => history_command(command, out),
         Command::K8s { command } => k8s_command(command, out),
         Command::Summarize(a) if a.fleet.is_some() => {
             let over = fleet::config::Overrides { thresholds: a.thresholds.clone(), ..Default::default() };

@@ -57,6 +57,12 @@ pub enum Command {
     /// Draw a result as SVG: bandwidth and latency percentiles against message size, or a
     /// latency CDF from a --histogram file.
     Plot(PlotArgs),
+    /// Perf history for CI: keep every run in a store (SQLite file or PostgreSQL), find the
+    /// change points of every figure's series, name a regression with what changed at its run.
+    History {
+        #[command(subcommand)]
+        command: HistoryCommand,
+    },
     /// Kubernetes: render acceptance Jobs for a platform mode (and a pod's fleet role).
     K8s {
         #[command(subcommand)]
@@ -121,6 +127,7 @@ impl Command {
             | Command::Run(_)
             | Command::Compare(_)
             | Command::Plot(_)
+            | Command::History { .. }
             | Command::K8s { .. }
             | Command::Summarize(_)
             | Command::Fleet(_)
@@ -585,6 +592,157 @@ impl PlotArgs {
     pub fn request(&self) -> PlotRequest {
         PlotRequest { result: self.result.clone(), output: self.output.clone(), histogram: self.histogram.clone() }
     }
+}
+
+/// Where the history is: one SQLite file (created when absent) or a PostgreSQL URL.
+pub const DEFAULT_STORE: &str = "rdmabench-history.sqlite";
+
+#[derive(Args, Debug, Clone)]
+pub struct StoreArg {
+    /// The history: an SQLite file (created when absent; a CI keeps it as an artifact or
+    /// cache) or postgres://user:password@host/db (the same tables, shared by many hosts).
+    #[arg(long, default_value = DEFAULT_STORE, value_name = "PATH|URL", env = "RDMABENCH_HISTORY")]
+    pub store: String,
+}
+
+/// Which series: every filter given must match.
+#[derive(Args, Debug, Clone)]
+pub struct SeriesFilter {
+    /// Only this workload's series (the run document's workload, or the test's name).
+    #[arg(long)]
+    pub workload: Option<String>,
+    /// Only this step's.
+    #[arg(long)]
+    pub step: Option<String>,
+    /// Only this metric's (gbps, mpps, p50_us, p99_us, p999_us).
+    #[arg(long)]
+    pub metric: Option<String>,
+    /// Only this message size's, bytes.
+    #[arg(long)]
+    pub size: Option<u64>,
+    /// Only the setups whose description contains this ("hostA/mlx5_0", "MTU 4096").
+    #[arg(long)]
+    pub setup: Option<String>,
+}
+
+impl SeriesFilter {
+    pub fn filter(&self) -> crate::history::command::Filter {
+        crate::history::command::Filter {
+            workload: self.workload.clone(),
+            step: self.step.clone(),
+            metric: self.metric.clone(),
+            size: self.size,
+            setup: self.setup.clone(),
+        }
+    }
+}
+
+/// How change points are judged (`check` and `plot`).
+#[derive(Args, Debug, Clone)]
+pub struct JudgeArgs {
+    /// Which repeat stands for a run: auto (the best repeat for latency, which a two-speed
+    /// machine's slow repeats cannot move; the median for bandwidth), median or best.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub figure: crate::history::check::Figure,
+    /// Tolerance where the workload states none: a change smaller than this is not a
+    /// regression however significant.
+    #[arg(long, default_value = "5%", value_parser = parse_percent)]
+    pub tolerance: f64,
+    /// The newest runs looked at per series.
+    #[arg(long, default_value_t = crate::history::check::DEFAULT_WINDOW)]
+    pub window: usize,
+    /// A regression fails the check while its new level began within this many runs;
+    /// after that it is the accepted level (and still listed as a change point).
+    #[arg(long, default_value_t = crate::history::check::DEFAULT_RECENT)]
+    pub recent: usize,
+    /// A change point is kept when its permutation test's p-value is at most this.
+    #[arg(long, default_value_t = crate::history::changepoint::DEFAULT_MAX_P)]
+    pub max_p_value: f64,
+    /// Permutations per significance test.
+    #[arg(long, default_value_t = crate::history::changepoint::DEFAULT_PERMUTATIONS)]
+    pub permutations: u32,
+}
+
+impl JudgeArgs {
+    pub fn judge(&self) -> crate::history::check::Judge {
+        crate::history::command::judge(
+            self.figure,
+            self.tolerance,
+            self.window,
+            self.recent,
+            self.max_p_value,
+            self.permutations,
+        )
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum HistoryCommand {
+    /// Append a run document (`rdmabench run --json`, or a test's --json) to the store.
+    Add {
+        /// The run document.
+        run: String,
+        #[command(flatten)]
+        store: StoreArg,
+        /// What this run is to the CI: a commit, a pipeline number, a tag.
+        #[arg(long, default_value = "")]
+        label: String,
+        /// Name the setup instead of describing it from the document (hosts, devices, link):
+        /// for ephemeral CI runners whose host names change from job to job.
+        #[arg(long)]
+        setup: Option<String>,
+    },
+    /// One line per series: its setup, step, size, metric, runs and newest value.
+    List {
+        #[command(flatten)]
+        store: StoreArg,
+        #[command(flatten)]
+        filter: SeriesFilter,
+    },
+    /// Every run of the matching series, with what changed in the environment.
+    Show {
+        #[command(flatten)]
+        store: StoreArg,
+        #[command(flatten)]
+        filter: SeriesFilter,
+    },
+    /// Write the series as CSV (one row per run, one column per series), as Apache Otava reads it.
+    Export {
+        #[command(flatten)]
+        store: StoreArg,
+        #[command(flatten)]
+        filter: SeriesFilter,
+        /// CSV, the only format.
+        #[arg(long, required = true)]
+        csv: bool,
+        /// Write to FILE instead of stdout.
+        #[arg(short = 'o', long, value_name = "FILE")]
+        output: Option<String>,
+    },
+    /// Find change points in every series; exit 1 when the newest runs hold a regression.
+    Check {
+        #[command(flatten)]
+        store: StoreArg,
+        #[command(flatten)]
+        filter: SeriesFilter,
+        #[command(flatten)]
+        judge: JudgeArgs,
+        /// Write every series' change points as JSON to FILE.
+        #[arg(long, value_name = "FILE")]
+        json: Option<String>,
+    },
+    /// Draw every series as SVG with its change points marked: one page (FILE.svg), or one
+    /// file per series in a directory (DIR/).
+    Plot {
+        #[command(flatten)]
+        store: StoreArg,
+        #[command(flatten)]
+        filter: SeriesFilter,
+        #[command(flatten)]
+        judge: JudgeArgs,
+        #[arg(short = 'o', long, value_name = "FILE.svg|DIR/", default_value = "history.svg")]
+        output: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]

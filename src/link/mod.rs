@@ -386,6 +386,7 @@ impl Link {
             inline_size: self.inline_size,
             max_inline: self.local.max_inline,
             link_rate_gbps: self.rdma.port.rate_gbps,
+            kernel: inventory::kernel_release(Path::new("/")),
             nic: self.local.nic.clone(),
             counters: self.counters().names(),
             memory: {
@@ -440,6 +441,8 @@ fn nic_identity(rdma: &Rdma) -> NicIdentity {
         sys_image_guid: rdma.info.sys_image_guid.clone(),
         pci,
         numa_node,
+        firmware: crate::verbs::inventory::firmware_version(Path::new("/"), rdma.name()),
+        driver: crate::verbs::inventory::driver(Path::new("/"), rdma.name()),
     }
 }
 

@@ -73,11 +73,14 @@ mod tests {
             inline_size: 220,
             max_inline: 416,
             link_rate_gbps: Some(100.0),
+            kernel: Some("6.1.0-57-amd64".into()),
             nic: NicIdentity {
                 node_guid: "1".into(),
                 sys_image_guid: "2".into(),
                 pci: Some("0000:3b:00.0".into()),
                 numa_node: None,
+                firmware: Some("28.39.1002".into()),
+                driver: Some("mlx5_core".into()),
             },
             counters: vec!["completer_retry_err".into(), "sent_pkts".into()],
             memory: crate::report::MemoryReport {

@@ -44,6 +44,10 @@ pub struct Environment {
     /// The port's signalling rate in Gb/s, when the device reports one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_rate_gbps: Option<f64>,
+    /// The running kernel's release (`uname -r`): with the NIC's firmware and driver,
+    /// what a perf history names beside a change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
     /// The physical NIC behind the device.
     #[serde(default)]
     pub nic: NicIdentity,

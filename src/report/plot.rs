@@ -30,6 +30,8 @@ pub struct Chart {
     /// Message sizes: log2 axis with byte labels.
     pub x_log2: bool,
     pub series: Vec<Series>,
+    /// Vertical marks with a label (a history's change points), at x.
+    pub marks: Vec<(f64, String)>,
 }
 
 fn bytes_label(v: f64) -> String {
@@ -147,6 +149,19 @@ impl Chart {
             M_TOP + ph / 2.0,
             esc(&self.y_label)
         );
+        for (x, label) in &self.marks {
+            let xp = px(*x);
+            let _ = writeln!(
+                g,
+                "<line x1=\"{xp:.1}\" y1=\"{M_TOP}\" x2=\"{xp:.1}\" y2=\"{:.1}\" stroke=\"#d62728\" \
+                 stroke-dasharray=\"5,4\" stroke-width=\"1.5\"/><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" \
+                 fill=\"#d62728\">{}</text>",
+                M_TOP + ph,
+                xp + 3.0,
+                M_TOP + 12.0,
+                esc(label)
+            );
+        }
         for (i, s) in self.series.iter().enumerate() {
             let color = COLORS[i % COLORS.len()];
             let path: Vec<String> = s.points.iter().map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y))).collect();
@@ -198,6 +213,7 @@ pub fn charts(doc: &RunDocument) -> Vec<Chart> {
         y_label: "average bandwidth [Gb/s]".into(),
         x_log2: true,
         series: Vec::new(),
+        marks: Vec::new(),
     };
     let mut lat = Chart {
         title: format!("{}: latency", doc.workload),
@@ -205,6 +221,7 @@ pub fn charts(doc: &RunDocument) -> Vec<Chart> {
         y_label: "latency [us]".into(),
         x_log2: true,
         series: Vec::new(),
+        marks: Vec::new(),
     };
     for step in doc.steps.iter().filter(|s| s.kind == "measure") {
         let series = |metric: &str| -> Vec<(f64, f64)> {
@@ -242,6 +259,7 @@ pub fn cdf_chart(entries: &[(String, hdrhistogram::Histogram<u64>)]) -> Chart {
         y_label: "samples at or below [%]".into(),
         x_log2: false,
         series,
+        marks: Vec::new(),
     }
 }
 
@@ -286,6 +304,7 @@ mod tests {
             y_label: "y".into(),
             x_log2,
             series: vec![Series { name: "a".into(), points }, Series { name: "b".into(), points: vec![(4.0, 1.0)] }],
+            marks: vec![(8.0, "change <1>".into())],
         }
     }
 

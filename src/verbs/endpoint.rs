@@ -51,6 +51,12 @@ pub struct NicIdentity {
     /// The NUMA node the device hangs off, when sysfs says (soft-RoCE and VMs often do not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub numa_node: Option<i32>,
+    /// The firmware version the driver reports, when it reports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub firmware: Option<String>,
+    /// The kernel driver (and its module version, when the module states one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
 }
 
 impl NicIdentity {

@@ -72,6 +72,39 @@ pub fn numa_node(device: &str) -> Option<i32> {
         .filter(|&n| n >= 0)
 }
 
+/// The device's firmware version as its driver reports it (sysfs `fw_ver`); None when it
+/// reports none (soft-RoCE's is empty).
+pub fn firmware_version(sysfs_root: &Path, device: &str) -> Option<String> {
+    let text = std::fs::read_to_string(sysfs_root.join("sys/class/infiniband").join(device).join("fw_ver")).ok()?;
+    let v = text.trim();
+    (!v.is_empty()).then(|| v.to_string())
+}
+
+/// The kernel driver behind the device: its PCI function's driver (`mlx5_core`, `bnxt_en`)
+/// with the module's version when the module states one (out-of-tree drivers such as
+/// MLNX_OFED's do); for a software device, which has no function, the software driver
+/// whose sysfs marks it (`rdma_rxe`: rxe devices alone have a `parent` netdev attribute).
+pub fn driver(sysfs_root: &Path, device: &str) -> Option<String> {
+    let dev = sysfs_root.join("sys/class/infiniband").join(device);
+    let name = match std::fs::read_link(dev.join("device/driver")) {
+        Ok(target) => target.file_name()?.to_string_lossy().into_owned(),
+        Err(_) if dev.join("parent").exists() => "rdma_rxe".to_string(),
+        Err(_) => return None,
+    };
+    let version = std::fs::read_to_string(sysfs_root.join("sys/module").join(&name).join("version")).ok();
+    Some(match version.as_deref().map(str::trim) {
+        Some(v) if !v.is_empty() => format!("{name} {v}"),
+        _ => name,
+    })
+}
+
+/// The running kernel's release (`uname -r`), from procfs.
+pub fn kernel_release(root: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(root.join("proc/sys/kernel/osrelease")).ok()?;
+    let v = text.trim();
+    (!v.is_empty()).then(|| v.to_string())
+}
+
 /// A port's state as sysfs shows it ("4: ACTIVE" reads as "ACTIVE"), without opening the
 /// device: for telling a link that went down from other failures.
 /// Whether the PCIe function behind `device` lets the device use relaxed ordering (the

@@ -47,6 +47,8 @@ fn seeds() -> Vec<Vec<u8>> {
             sys_image_guid: "b8ce".into(),
             pci: None,
             numa_node: Some(0),
+            firmware: Some("28.39.1002".into()),
+            driver: Some("mlx5_core".into()),
         },
         cm_addr: Some("10.0.0.2:18515".into()),
     };
