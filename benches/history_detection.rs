@@ -14,7 +14,9 @@
 //! 10 runs). False alarms: `check` after every run of a steady series of 1,000 runs (after
 //! 30 to start), counted per run that would fail its CI job.
 //!
-//! With `HISTORY_CSV_DIR=DIR`, writes each model's first trials as CSV for Apache Otava.
+//! A 0 % step is a steady series: "found" there is a false change point near run 30.
+//! With `HISTORY_CSV_DIR=DIR`, writes each case's first 20 final series as CSV, with this
+//! judge's change points, for `lab/history-vs-otava` (Apache Otava on the same series).
 
 use rdmabench::history::changepoint::Options;
 use rdmabench::history::check::{Figure, Judge, judge_series};
@@ -107,24 +109,31 @@ fn rows(values: &[Vec<f64>], metric: &str) -> (Vec<RunRow>, Vec<PointRow>) {
             min: v.iter().copied().fold(f64::MAX, f64::min),
             max: v.iter().copied().fold(f64::MIN, f64::max),
             repeats: 5,
+            values: v.clone(),
             tolerance_pct: None,
         })
         .collect();
     (runs, points)
 }
 
-fn judge() -> Judge {
-    Judge { options: Options::default(), figure: Figure::Auto, tolerance_pct: 3.0, window: 200, recent: 10 }
+fn judge(figure: Figure) -> Judge {
+    Judge { options: Options::default(), figure, tolerance_pct: 3.0, window: 200, recent: 10 }
 }
 
 /// (found after k runs, alarm after k runs) for one trial; None when not within 10.
-fn trial(model: Model, step: f64, rng: &mut Rng, csv: Option<&mut String>) -> (Option<usize>, Option<usize>) {
+fn trial(
+    model: Model,
+    figure: Figure,
+    step: f64,
+    rng: &mut Rng,
+    csv: Option<&mut String>,
+) -> (Option<usize>, Option<usize>) {
     let mut values: Vec<Vec<f64>> = (0..30).map(|_| model.run(rng, 0.0)).collect();
     let (mut found, mut alarm) = (None, None);
     for k in 1..=10 {
         values.push(model.run(rng, step));
         let (runs, points) = rows(&values, model.metric());
-        let report = judge_series(&series(&runs, &points)[0], &judge());
+        let report = judge_series(&series(&runs, &points)[0], &judge(figure));
         let worse = |c: &&rdmabench::history::check::Change| match model {
             Model::Bandwidth => c.change_pct < 0.0,
             Model::TwoSpeedLatency => c.change_pct > 0.0,
@@ -137,12 +146,17 @@ fn trial(model: Model, step: f64, rng: &mut Rng, csv: Option<&mut String>) -> (O
         }
     }
     if let Some(out) = csv {
+        // The final series, and this judge's change points in it (0-based positions) after
+        // a '#' line, for lab/history-vs-otava.
         let (runs, points) = rows(&values, model.metric());
         let s = &series(&runs, &points)[0];
         for (i, p) in s.points.iter().enumerate() {
             let v = Figure::Auto.of(model.metric(), p.1);
             out.push_str(&format!("2026-01-01 {:02}:{:02}:00 +0000,{},{v}\n", i / 60, i % 60, i + 1));
         }
+        let found: Vec<String> =
+            judge_series(s, &judge(figure)).changes.iter().map(|c| c.position.to_string()).collect();
+        out.push_str(&format!("# rdmabench {}\n", found.join(" ")));
     }
     (found, alarm)
 }
@@ -152,22 +166,24 @@ fn main() {
     let csv_dir = std::env::var("HISTORY_CSV_DIR").ok();
     println!("history_detection: {trials} trials per case, 30 runs before the step, check after each run");
     println!(
-        "{:<20} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "{:<26} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10}",
         "model", "step", "found<=3", "found<=5", "found<=10", "median k", "alarm<=5"
     );
-    for model in [Model::Bandwidth, Model::TwoSpeedLatency] {
-        let name = match model {
-            Model::Bandwidth => "bandwidth",
-            Model::TwoSpeedLatency => "two-speed latency",
-        };
-        for step in [0.03, 0.05, 0.10] {
+    let cases = [
+        (Model::Bandwidth, Figure::Auto, "bandwidth"),
+        (Model::TwoSpeedLatency, Figure::Auto, "two-speed latency"),
+        (Model::Bandwidth, Figure::Repeats, "bandwidth repeats"),
+        (Model::TwoSpeedLatency, Figure::Repeats, "two-speed latency repeats"),
+    ];
+    for (model, figure, name) in cases {
+        for step in [0.0, 0.03, 0.05, 0.10] {
             let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (step * 1000.0) as u64);
             let mut ks = Vec::new();
             let (mut f3, mut f5, mut f10, mut a5) = (0, 0, 0, 0);
             for t in 0..trials {
                 let mut text = String::from("time,run,value\n");
                 let keep = csv_dir.is_some() && t < 20;
-                let (found, alarm) = trial(model, step, &mut rng, keep.then_some(&mut text));
+                let (found, alarm) = trial(model, figure, step, &mut rng, keep.then_some(&mut text));
                 if let (Some(dir), true) = (&csv_dir, keep) {
                     let file = format!("{dir}/{}-{}pct-{t:02}.csv", name.replace(' ', "-"), (step * 100.0) as u32);
                     std::fs::write(file, &text).expect("writable CSV directory");
@@ -184,7 +200,7 @@ fn main() {
             let pct = |n: usize| format!("{:.1}%", n as f64 * 100.0 / trials as f64);
             let med = ks.get(ks.len() / 2).map_or("-".into(), |k| k.to_string());
             println!(
-                "{name:<20} {:>5.0}% {:>10} {:>10} {:>10} {:>10} {:>10}",
+                "{name:<26} {:>5.0}% {:>10} {:>10} {:>10} {:>10} {:>10}",
                 step * 100.0,
                 pct(f3),
                 pct(f5),
@@ -201,12 +217,12 @@ fn main() {
             values.push(model.run(&mut rng, 0.0));
             let start = values.len().saturating_sub(200);
             let (r, p) = rows(&values[start..], model.metric());
-            let report = judge_series(&series(&r, &p)[0], &judge());
+            let report = judge_series(&series(&r, &p)[0], &judge(figure));
             alarms += usize::from(report.regressed);
             with_change += usize::from(!report.changes.is_empty());
         }
         println!(
-            "{name:<20} steady: {alarms} false alarms per {runs} runs (check exits 1); change points shown in {with_change} \
+            "{name:<26} steady: {alarms} false alarms per {runs} runs (check exits 1); change points shown in {with_change} \
              of the {runs} checks"
         );
     }

@@ -18,6 +18,8 @@ lab_packages=(
   # lab/test and lab/bench read cargo's and rdmabench's JSON with it; lab/test validates
   # the Kubernetes manifests with kubernetes-validate (PyPI) in a virtual environment
   python3 python3-venv
+  # tests/history.rs starts a real PostgreSQL server for the history's shared store
+  postgresql
 )
 
 # The Kubernetes version the manifests are validated against (k8s-openapi's feature too).

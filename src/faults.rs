@@ -1,6 +1,6 @@
-//! Fault points for the lab's tests of how a peer's misbehaviour is named, for the one
-//! fault no signal can make: a session thread that stands still while its process (and
-//! its keepalive) lives on, as one stuck in a driver call or a deadlock does. Nothing is
+//! Fault points for tests of what no signal can make: a session thread that stands still
+//! while its process (and its keepalive) lives on, as one stuck in a driver call or a
+//! deadlock does; a history writer stopped inside its transaction, to be killed there. Nothing is
 //! injected unless `RDMABENCH_FAULT` names a point; docs/development.md lists them.
 
 use std::time::Duration;

@@ -83,6 +83,11 @@ fn a_step_on_new_firmware_fails_the_check_and_is_named() {
     assert_eq!(wide.status.code(), Some(0), "{}", text(&wide));
     assert!(text(&wide).contains("within tolerance"), "{}", text(&wide));
 
+    // Judged over every repeat (the documents keep 5 a step): the same step, the same run.
+    let repeats = history(&store, &["check", "--figure", "repeats", "--metric", "gbps"]);
+    assert_eq!(repeats.status.code(), Some(1), "{}", text(&repeats));
+    assert!(text(&repeats).contains("change at run 31 (c30)"), "{}", text(&repeats));
+
     let show = history(&store, &["show", "--metric", "gbps", "--step", "write bandwidth 64 KiB"]);
     assert!(text(&show).contains("firmware 1.0 -> 2.0"), "{}", text(&show));
 
@@ -181,4 +186,90 @@ fn a_writer_killed_mid_write_loses_nothing_committed() {
     drop(conn);
     let o = history(&store, &["add", doc.to_str().unwrap()]);
     assert!(text(&o).contains("added run 4"), "the store takes the next run: {}", text(&o));
+}
+
+/// The server binaries of Debian's `postgresql` package (lab/setup.sh installs it).
+fn postgres_bin() -> PathBuf {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|d| d.map(|e| e.unwrap().path().join("bin")).filter(|p| p.join("postgres").exists()).collect())
+        .unwrap_or_default();
+    dirs.sort();
+    dirs.pop().expect("PostgreSQL's server is not installed: run lab/setup.sh's lab_install_packages (postgresql)")
+}
+
+/// A PostgreSQL server of its own in `dir`, on a free port, trusting local connections;
+/// run as the `postgres` user when this test runs as root (the server refuses root).
+struct Postgres {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Postgres {
+    fn start(dir: &Path) -> Postgres {
+        let bin = postgres_bin();
+        let root = unsafe { libc::geteuid() } == 0;
+        let as_owner = |program: &Path| {
+            if root {
+                let mut c = Command::new("runuser");
+                c.args(["-u", "postgres", "--"]).arg(program);
+                c
+            } else {
+                Command::new(program)
+            }
+        };
+        let data = dir.join("pgdata");
+        std::fs::create_dir(&data).unwrap();
+        if root {
+            assert!(Command::new("chown").args(["-R", "postgres:postgres"]).arg(dir).status().unwrap().success());
+        }
+        let init = as_owner(&bin.join("initdb"))
+            .args(["-D", data.to_str().unwrap(), "-U", "postgres", "--auth=trust", "--no-sync"])
+            .output()
+            .unwrap();
+        assert!(init.status.success(), "initdb: {}", text(&init));
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = as_owner(&bin.join("postgres"))
+            .args(["-D", data.to_str().unwrap(), "-p", &port.to_string(), "-k", dir.to_str().unwrap()])
+            .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "PostgreSQL did not start within 60 s");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Postgres { child, url: format!("postgres://postgres@127.0.0.1:{port}/postgres") }
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        // SIGTERM: a smart shutdown (runuser passes it on).
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_postgresql_store_keeps_the_same_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let pg = Postgres::start(dir.path());
+    let store = Path::new(&pg.url);
+    let docs = tempfile::tempdir().unwrap();
+    fill(store, docs.path(), 36, 30);
+    let list = history(store, &["list"]);
+    assert_eq!(list.status.code(), Some(0), "{}", text(&list));
+    assert!(text(&list).contains("36 runs"), "{}", text(&list));
+    let check = history(store, &["check"]);
+    let out = text(&check);
+    assert_eq!(check.status.code(), Some(1), "{out}");
+    assert!(out.contains("change at run 31 (c30)") && out.contains("firmware 1.0 -> 2.0"), "{out}");
+    // The SQLite file and the database say the same, series by series.
+    let file = docs.path().join("h.sqlite");
+    fill(&file, docs.path(), 36, 30);
+    assert_eq!(text(&history(&file, &["check"])), out, "one schema, one judgement");
+    let shown = history(Path::new(&pg.url.replace("postgres@", "postgres:secret@")), &["list"]);
+    assert!(!text(&shown).contains("secret"), "a password is never printed: {}", text(&shown));
 }

@@ -51,34 +51,18 @@ impl Default for Options {
 }
 
 /// The defaults, measured against the lab's noise by `benches/history_detection.rs` (docs/ci.md).
-pub const DEFAULT_PERMUTATIONS: u32 = 199;
+pub const DEFAULT_PERMUTATIONS: u32 = 999;
 pub const DEFAULT_MAX_P: f64 = 0.01;
 pub const DEFAULT_MIN_SEGMENT: usize = 3;
 
 /// Change points of `x`, in series order.
 pub fn find(x: &[f64], opt: &Options) -> Vec<ChangePoint> {
-    let min_seg = opt.min_segment.max(2);
-    let mut rng = SplitMix(0x0005_eed0_fc4a_29e5);
-    // The pieces found so far, as [start, end) ranges, and the splits accepted.
-    let mut splits: Vec<(usize, f64)> = Vec::new();
-    let mut pieces = vec![(0usize, x.len())];
-    loop {
-        // The best split over all pieces.
-        let best = pieces
-            .iter()
-            .enumerate()
-            .filter_map(|(k, &(a, b))| best_split(&x[a..b], min_seg).map(|(t, q)| (k, a + t, q)))
-            .max_by(|p, q| p.2.total_cmp(&q.2));
-        let Some((k, at, q)) = best else { break };
-        let p = p_value(x, &pieces, q, min_seg, opt, &mut rng);
-        if p > opt.max_p_value {
-            break;
-        }
-        let (a, b) = pieces[k];
-        pieces.splice(k..=k, [(a, at), (at, b)]);
-        splits.push((at, p));
-    }
-    splits.sort_by_key(|s| s.0);
+    let runs: Vec<Vec<f64>> = x.iter().map(|&v| vec![v]).collect();
+    with_means(&find_in_runs(&runs, opt), x)
+}
+
+/// The change points at `splits` (index, p-value) with the means of `x` between them.
+pub fn with_means(splits: &[(usize, f64)], x: &[f64]) -> Vec<ChangePoint> {
     let bounds: Vec<usize> = std::iter::once(0).chain(splits.iter().map(|s| s.0)).chain([x.len()]).collect();
     splits
         .iter()
@@ -92,21 +76,78 @@ pub fn find(x: &[f64], opt: &Options) -> Vec<ChangePoint> {
         .collect()
 }
 
+/// Change points of a series whose runs each hold several values (a run's repeats), as
+/// (index of the first run of the new level, p-value), in series order. The distance is
+/// measured over every value, so a run's five repeats weigh five times one figure; splits
+/// fall between runs only, and the permutations shuffle whole runs, so whatever the
+/// repeats of one run share (that day's speed) never passes for a change.
+pub fn find_in_runs(runs: &[Vec<f64>], opt: &Options) -> Vec<(usize, f64)> {
+    let min_seg = opt.min_segment.max(2);
+    let mut rng = SplitMix(0x0005_eed0_fc4a_29e5);
+    let mut splits: Vec<(usize, f64)> = Vec::new();
+    let mut pieces = vec![(0usize, runs.len())];
+    let refs: Vec<&[f64]> = runs.iter().map(Vec::as_slice).collect();
+    loop {
+        // The best split over all pieces.
+        let best = pieces
+            .iter()
+            .enumerate()
+            .filter_map(|(k, &(a, b))| best_run_split(&refs[a..b], min_seg).map(|(t, q)| (k, a + t, q)))
+            .max_by(|p, q| p.2.total_cmp(&q.2));
+        let Some((k, at, q)) = best else { break };
+        let p = p_value(&refs, &pieces, q, min_seg, opt, &mut rng);
+        if p > opt.max_p_value {
+            break;
+        }
+        let (a, b) = pieces[k];
+        pieces.splice(k..=k, [(a, at), (at, b)]);
+        splits.push((at, p));
+    }
+    splits.sort_by_key(|s| s.0);
+    splits
+}
+
 fn mean(x: &[f64]) -> f64 {
     x.iter().sum::<f64>() / x.len() as f64
 }
 
+/// [`best_split`] over runs: the split between runs with the largest statistic over
+/// their values, at least `min_seg` runs on each side, as (run index, statistic).
+fn best_run_split(runs: &[&[f64]], min_seg: usize) -> Option<(usize, f64)> {
+    if runs.len() < 2 * min_seg {
+        return None;
+    }
+    let values: Vec<f64> = runs.iter().flat_map(|r| r.iter().copied()).collect();
+    // Element offsets where run t begins; splits allowed at runs min_seg..=len-min_seg.
+    let mut starts = Vec::with_capacity(runs.len());
+    let mut at = 0;
+    for r in runs {
+        starts.push(at);
+        at += r.len();
+    }
+    let allowed: Vec<usize> = (min_seg..=runs.len() - min_seg).map(|t| starts[t]).collect();
+    let (offset, q) = best_split_at(&values, &allowed)?;
+    Some((starts.iter().position(|&s| s == offset).expect("an allowed offset starts a run"), q))
+}
+
 /// The split of `x` with the largest scaled energy distance, as (index, statistic), with
 /// at least `min_seg` points on each side; None when `x` is too short.
+#[cfg(test)]
+pub(crate) fn best_split(x: &[f64], min_seg: usize) -> Option<(usize, f64)> {
+    if x.len() < 2 * min_seg {
+        return None;
+    }
+    best_split_at(x, &(min_seg..=x.len() - min_seg).collect::<Vec<_>>())
+}
+
+/// The best of the splits at `allowed` offsets (ascending, each leaving 2 values a side).
 ///
 /// For a split at t, X = x[..t] (m points), Y = x[t..] (n points):
 /// Q = m n / (m + n) * (2/(m n) sum|X-Y| - 1/C(m,2) sum_{i<k}|Xi-Xk| - 1/C(n,2) sum_{i<k}|Yi-Yk|).
 /// The three sums move by one row of distances per step of t: O(len^2) in all.
-pub(crate) fn best_split(x: &[f64], min_seg: usize) -> Option<(usize, f64)> {
+fn best_split_at(x: &[f64], allowed: &[usize]) -> Option<(usize, f64)> {
     let len = x.len();
-    if len < 2 * min_seg {
-        return None;
-    }
+    let last = *allowed.last()?;
     // t = 0: everything in Y.
     let mut within_y: f64 = 0.0;
     for i in 0..len {
@@ -116,7 +157,8 @@ pub(crate) fn best_split(x: &[f64], min_seg: usize) -> Option<(usize, f64)> {
     }
     let (mut within_x, mut across) = (0.0, 0.0);
     let mut best: Option<(usize, f64)> = None;
-    for t in 1..=len - min_seg {
+    let mut next = allowed.iter().peekable();
+    for t in 1..=last {
         // Move x[t-1] from Y to X.
         let v = x[t - 1];
         let to_x: f64 = x[..t - 1].iter().map(|w| (v - w).abs()).sum();
@@ -124,10 +166,14 @@ pub(crate) fn best_split(x: &[f64], min_seg: usize) -> Option<(usize, f64)> {
         within_x += to_x;
         within_y -= to_y;
         across += to_y - to_x;
-        if t < min_seg {
+        if next.peek() != Some(&&t) {
             continue;
         }
+        next.next();
         let (m, n) = (t as f64, (len - t) as f64);
+        if m < 2.0 || n < 2.0 {
+            continue;
+        }
         let e = 2.0 * across / (m * n) - within_x / (m * (m - 1.0) / 2.0) - within_y / (n * (n - 1.0) / 2.0);
         let q = m * n / (m + n) * e;
         if best.is_none_or(|b| q > b.1) {
@@ -137,20 +183,27 @@ pub(crate) fn best_split(x: &[f64], min_seg: usize) -> Option<(usize, f64)> {
     best
 }
 
-/// The share of shuffles (each piece shuffled within itself, as the method prescribes)
+/// The share of shuffles (each piece's runs shuffled within it, as the method prescribes)
 /// whose best split over the pieces is at least `q`. Stops as soon as the answer can no
 /// longer be at most `max_p_value`: most tests of a steady series end after a few shuffles.
-fn p_value(x: &[f64], pieces: &[(usize, usize)], q: f64, min_seg: usize, opt: &Options, rng: &mut SplitMix) -> f64 {
+fn p_value(
+    runs: &[&[f64]],
+    pieces: &[(usize, usize)],
+    q: f64,
+    min_seg: usize,
+    opt: &Options,
+    rng: &mut SplitMix,
+) -> f64 {
     let r = opt.permutations.max(1);
     let give_up = (opt.max_p_value * f64::from(r + 1)).floor() as u32;
-    let mut y = x.to_vec();
+    let mut y = runs.to_vec();
     let mut at_least = 0u32;
     for done in 1..=r {
         for &(a, b) in pieces {
             rng.shuffle(&mut y[a..b]);
         }
         let best =
-            pieces.iter().filter_map(|&(a, b)| best_split(&y[a..b], min_seg)).map(|s| s.1).fold(f64::MIN, f64::max);
+            pieces.iter().filter_map(|&(a, b)| best_run_split(&y[a..b], min_seg)).map(|s| s.1).fold(f64::MIN, f64::max);
         if best >= q {
             at_least += 1;
             if at_least > give_up {
@@ -174,7 +227,7 @@ impl SplitMix {
     }
 
     /// Fisher-Yates.
-    fn shuffle(&mut self, v: &mut [f64]) {
+    fn shuffle<T>(&mut self, v: &mut [T]) {
         for i in (1..v.len()).rev() {
             let j = (self.next() % (i as u64 + 1)) as usize;
             v.swap(i, j);

@@ -53,6 +53,9 @@ pub enum Figure {
     Median,
     /// The best repeat (lowest latency, highest bandwidth), for every metric.
     Best,
+    /// Every repeat: change points found over all of them (runs shuffled whole), levels
+    /// and magnitudes reported as `auto`'s.
+    Repeats,
 }
 
 impl Figure {
@@ -60,7 +63,7 @@ impl Figure {
     pub fn of(self, metric: &str, p: &super::model::PointRow) -> f64 {
         let better = metrics::better(metric);
         match (self, better) {
-            (Figure::Median, _) | (Figure::Auto, Some(Better::Higher) | None) => p.median,
+            (Figure::Median, _) | (Figure::Auto | Figure::Repeats, Some(Better::Higher) | None) => p.median,
             (_, Some(Better::Lower)) => p.min,
             (Figure::Best, _) => p.max,
         }
@@ -91,7 +94,17 @@ pub fn judge_series(s: &Series, j: &Judge) -> SeriesReport {
     // The newest run's stated tolerance wins (a workload may have been retuned).
     let tolerance_pct = points.last().and_then(|(_, p)| p.tolerance_pct).unwrap_or(j.tolerance_pct);
     let higher_better = metrics::better(&s.key.metric) == Some(Better::Higher);
-    let changes: Vec<Change> = changepoint::find(&values, &j.options)
+    let found: Vec<changepoint::ChangePoint> = if j.figure == Figure::Repeats {
+        let runs: Vec<Vec<f64>> = points
+            .iter()
+            .zip(&values)
+            .map(|((_, p), v)| if p.values.is_empty() { vec![*v] } else { p.values.clone() })
+            .collect();
+        changepoint::with_means(&changepoint::find_in_runs(&runs, &j.options), &values)
+    } else {
+        changepoint::find(&values, &j.options)
+    };
+    let changes: Vec<Change> = found
         .into_iter()
         .map(|cp| {
             let (run, _) = points[cp.index];
@@ -159,6 +172,7 @@ mod tests {
             min: v,
             max: v,
             repeats: 1,
+            values: vec![v],
             tolerance_pct: Some(3.0),
         }
     }

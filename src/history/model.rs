@@ -42,6 +42,8 @@ pub struct PointRow {
     pub min: f64,
     pub max: f64,
     pub repeats: i64,
+    /// Every repeat's value, in run order.
+    pub values: Vec<f64>,
     /// The workload's tolerance for this metric, percent, when it states one.
     pub tolerance_pct: Option<f64>,
 }
@@ -123,6 +125,7 @@ pub fn from_document(doc: &RunDocument, text: &str, label: &str, setup: Option<&
                         min: st.min,
                         max: st.max,
                         repeats: st.values.len() as i64,
+                        values: st.values.clone(),
                         tolerance_pct: step.tolerance.get(metric).copied(),
                     });
                 }

@@ -102,9 +102,22 @@ impl Store for PgStore {
         .map_err(err("cannot add the run"))?;
         let insert = tx.prepare(sql::INSERT_POINT).map_err(err("cannot add the points"))?;
         for p in &run.points {
+            let values = sql::values_text(&p.values);
             tx.execute(
                 &insert,
-                &[&id, &p.step, &p.rail, &p.size, &p.metric, &p.median, &p.min, &p.max, &p.repeats, &p.tolerance_pct],
+                &[
+                    &id,
+                    &p.step,
+                    &p.rail,
+                    &p.size,
+                    &p.metric,
+                    &p.median,
+                    &p.min,
+                    &p.max,
+                    &p.repeats,
+                    &values,
+                    &p.tolerance_pct,
+                ],
             )
             .map_err(err("cannot add the points"))?;
         }
@@ -148,7 +161,8 @@ impl Store for PgStore {
                 min: r.get(6),
                 max: r.get(7),
                 repeats: r.get(8),
-                tolerance_pct: r.get(9),
+                values: sql::values_of(r.get(9)),
+                tolerance_pct: r.get(10),
             })
             .collect())
     }

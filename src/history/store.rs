@@ -39,6 +39,7 @@ pub(crate) const CREATE: &[&str] = &[
         min DOUBLE PRECISION NOT NULL,
         max DOUBLE PRECISION NOT NULL,
         repeats BIGINT NOT NULL,
+        repeat_values TEXT NOT NULL,
         tolerance_pct DOUBLE PRECISION,
         PRIMARY KEY (run_id, step, rail, size, metric))",
 ];
@@ -47,11 +48,21 @@ pub(crate) const INSERT_RUN: &str = "INSERT INTO runs (id, added_unix_s, finishe
      tool_version, firmware, driver, kernel, verdict, document) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
      $11, $12, $13)";
 pub(crate) const INSERT_POINT: &str = "INSERT INTO points (run_id, step, rail, size, metric, median, min, max, repeats, \
-     tolerance_pct) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+     repeat_values, tolerance_pct) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 pub(crate) const SELECT_RUNS: &str = "SELECT id, added_unix_s, finished_unix_s, label, workload, setup, host, tool_version, \
      firmware, driver, kernel, verdict FROM runs ORDER BY id";
-pub(crate) const SELECT_POINTS: &str =
-    "SELECT run_id, step, rail, size, metric, median, min, max, repeats, tolerance_pct FROM points ORDER BY run_id";
+pub(crate) const SELECT_POINTS: &str = "SELECT run_id, step, rail, size, metric, median, min, max, repeats, \
+     repeat_values, tolerance_pct FROM points ORDER BY run_id";
+
+/// A point's repeats as stored: a JSON array of numbers.
+pub(crate) fn values_text(values: &[f64]) -> String {
+    serde_json::to_string(values).expect("numbers serialise")
+}
+
+/// A point's repeats read back; a malformed list reads as none (the median still stands).
+pub(crate) fn values_of(text: &str) -> Vec<f64> {
+    serde_json::from_str(text).unwrap_or_default()
+}
 
 /// A history store, whichever engine holds it.
 pub trait Store {
@@ -207,6 +218,7 @@ impl Store for SqliteStore {
                         p.min,
                         p.max,
                         p.repeats,
+                        values_text(&p.values),
                         p.tolerance_pct
                     ])
                     .map_err(err("cannot add the points"))?;
@@ -255,7 +267,8 @@ impl Store for SqliteStore {
                     min: r.get(6)?,
                     max: r.get(7)?,
                     repeats: r.get(8)?,
-                    tolerance_pct: r.get(9)?,
+                    values: values_of(&r.get::<_, String>(9)?),
+                    tolerance_pct: r.get(10)?,
                 })
             })
             .map_err(sql_error(&path, "cannot read the points"))?;
