@@ -21,24 +21,7 @@
 use rdmabench::history::changepoint::Options;
 use rdmabench::history::check::{Figure, Judge, judge_series};
 use rdmabench::history::model::{PointRow, RunRow, series};
-
-/// xorshift64*, with Box-Muller normals.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn uniform(&mut self) -> f64 {
-        ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f64 {
-        (-2.0 * self.uniform().ln()).sqrt() * (std::f64::consts::TAU * self.uniform()).cos()
-    }
-}
+use rdmabench::stats::rng::SplitMix as Rng;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -171,13 +154,13 @@ fn main() {
     );
     let cases = [
         (Model::Bandwidth, Figure::Auto, "bandwidth"),
-        (Model::TwoSpeedLatency, Figure::Auto, "two-speed latency"),
         (Model::Bandwidth, Figure::Repeats, "bandwidth repeats"),
+        (Model::TwoSpeedLatency, Figure::Auto, "two-speed latency"),
         (Model::TwoSpeedLatency, Figure::Repeats, "two-speed latency repeats"),
     ];
     for (model, figure, name) in cases {
         for step in [0.0, 0.03, 0.05, 0.10] {
-            let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (step * 1000.0) as u64);
+            let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15 ^ (step * 1000.0) as u64);
             let mut ks = Vec::new();
             let (mut f3, mut f5, mut f10, mut a5) = (0, 0, 0, 0);
             for t in 0..trials {
@@ -210,7 +193,7 @@ fn main() {
             );
         }
         // False alarms: one long steady series, checked after every run.
-        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
         let mut values: Vec<Vec<f64>> = (0..30).map(|_| model.run(&mut rng, 0.0)).collect();
         let (mut alarms, mut with_change, runs) = (0, 0, 1000);
         for _ in 0..runs {

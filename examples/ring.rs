@@ -75,18 +75,6 @@ fn record_size(s: &str) -> Result<usize, String> {
     usize::try_from(n).map_err(|_| format!("{s:?} is too large for this machine"))
 }
 
-/// A small fast generator (xorshift64*): the example needs reproducible noise, not quality.
-struct Noise(u64);
-
-impl Noise {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
-
 fn checksum(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
@@ -149,11 +137,12 @@ fn produce(
     seed: u64,
 ) -> rdmabench::Result<()> {
     let mut producer = ring::Producer::connect(host, port, device, config, timeout)?;
-    let mut noise = Noise(seed.max(1));
+    // Reproducible noise, not quality: the record sizes and bytes of one seed repeat.
+    let mut noise = rdmabench::stats::rng::SplitMix::new(seed);
     let span = (sizes.end() - sizes.start() + 1) as u64;
     let (mut waits, mut bytes) = (0u64, 0u64);
     for number in 0..records {
-        let len = sizes.start() + (noise.next() % span) as usize;
+        let len = sizes.start() + (noise.next_u64() % span) as usize;
         // Look first, to count how often the ring was full (a reservation dropped unused
         // is given back); then wait for credit.
         if producer.try_reserve(len)?.is_none() {
@@ -162,7 +151,7 @@ fn produce(
         let mut slot = producer.reserve(len)?;
         // Written in place, in registered memory: this is what the RDMA WRITE sends.
         for chunk in slot[STAMP..].chunks_mut(8) {
-            let word = noise.next().to_le_bytes();
+            let word = noise.next_u64().to_le_bytes();
             chunk.copy_from_slice(&word[..chunk.len()]);
         }
         let sum = checksum(&slot[STAMP..]);

@@ -122,11 +122,17 @@ fn history_command(command: HistoryCommand, out: &mut dyn std::io::Write) -> Res
             h::export_csv(&store.store, &filter.filter(), &mut text)?;
             report::file::write(&path, &text, "the CSV")
         }
-        HistoryCommand::Check { store, filter, judge, json } => {
-            h::check(&h::CheckRequest { store: store.store, filter: filter.filter(), judge: judge.judge(), json }, out)
-        }
-        HistoryCommand::Plot { store, filter, judge, output } => {
-            h::plot(&store.store, &filter.filter(), &judge.judge(), &output)
+        HistoryCommand::Check { series, json } => h::check(
+            &h::CheckRequest {
+                store: series.store.store,
+                filter: series.filter.filter(),
+                judge: series.judge.judge(),
+                json,
+            },
+            out,
+        ),
+        HistoryCommand::Plot { series, output } => {
+            h::plot(&series.store.store, &series.filter.filter(), &series.judge.judge(), &output)
         }
     }
 }

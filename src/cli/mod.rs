@@ -676,6 +676,17 @@ impl JudgeArgs {
     }
 }
 
+/// The series `check` and `plot` judge: where, which, and how.
+#[derive(Args, Debug, Clone)]
+pub struct JudgedSeries {
+    #[command(flatten)]
+    pub store: StoreArg,
+    #[command(flatten)]
+    pub filter: SeriesFilter,
+    #[command(flatten)]
+    pub judge: JudgeArgs,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum HistoryCommand {
     /// Append a run document (`rdmabench run --json`, or a test's --json) to the store.
@@ -722,11 +733,7 @@ pub enum HistoryCommand {
     /// Find change points in every series; exit 1 when the newest runs hold a regression.
     Check {
         #[command(flatten)]
-        store: StoreArg,
-        #[command(flatten)]
-        filter: SeriesFilter,
-        #[command(flatten)]
-        judge: JudgeArgs,
+        series: JudgedSeries,
         /// Write every series' change points as JSON to FILE.
         #[arg(long, value_name = "FILE")]
         json: Option<String>,
@@ -735,11 +742,7 @@ pub enum HistoryCommand {
     /// file per series in a directory (DIR/).
     Plot {
         #[command(flatten)]
-        store: StoreArg,
-        #[command(flatten)]
-        filter: SeriesFilter,
-        #[command(flatten)]
-        judge: JudgeArgs,
+        series: JudgedSeries,
         #[arg(short = 'o', long, value_name = "FILE.svg|DIR/", default_value = "history.svg")]
         output: String,
     },

@@ -13,6 +13,8 @@
 //! The permutations come from a fixed-seed generator: the same series always gives the
 //! same answer, which a CI gate needs.
 
+use crate::stats::rng::SplitMix;
+
 /// One change: the series' level moved between `index - 1` and `index`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChangePoint {
@@ -83,7 +85,7 @@ pub fn with_means(splits: &[(usize, f64)], x: &[f64]) -> Vec<ChangePoint> {
 /// repeats of one run share (that day's speed) never passes for a change.
 pub fn find_in_runs(runs: &[Vec<f64>], opt: &Options) -> Vec<(usize, f64)> {
     let min_seg = opt.min_segment.max(2);
-    let mut rng = SplitMix(0x0005_eed0_fc4a_29e5);
+    let mut rng = SplitMix::new(0x0005_eed0_fc4a_29e5);
     let mut splits: Vec<(usize, f64)> = Vec::new();
     let mut pieces = vec![(0usize, runs.len())];
     let refs: Vec<&[f64]> = runs.iter().map(Vec::as_slice).collect();
@@ -111,7 +113,7 @@ fn mean(x: &[f64]) -> f64 {
     x.iter().sum::<f64>() / x.len() as f64
 }
 
-/// [`best_split`] over runs: the split between runs with the largest statistic over
+/// The best split over runs: the one between runs with the largest statistic over
 /// their values, at least `min_seg` runs on each side, as (run index, statistic).
 fn best_run_split(runs: &[&[f64]], min_seg: usize) -> Option<(usize, f64)> {
     if runs.len() < 2 * min_seg {
@@ -214,38 +216,17 @@ fn p_value(
     f64::from(at_least + 1) / f64::from(r + 1)
 }
 
-/// SplitMix64: small, fast and good enough for shuffling; fixed seed for repeatable tests.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Fisher-Yates.
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = (self.next() % (i as u64 + 1)) as usize;
-            v.swap(i, j);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// A deterministic noisy series: level plus a pseudo-random wobble of +-`spread`.
     fn noisy(levels: &[(usize, f64)], spread: f64, seed: u64) -> Vec<f64> {
-        let mut rng = SplitMix(seed);
+        let mut rng = SplitMix::new(seed);
         levels
             .iter()
             .flat_map(|&(n, level)| (0..n).map(move |_| level).collect::<Vec<_>>())
-            .map(|l| l * (1.0 + spread * ((rng.next() % 2001) as f64 / 1000.0 - 1.0)))
+            .map(|l| l * (1.0 + spread * ((rng.next_u64() % 2001) as f64 / 1000.0 - 1.0)))
             .collect()
     }
 
@@ -302,9 +283,9 @@ mod tests {
     #[test]
     fn random_two_speed_runs_are_not_a_change() {
         // Each run in the fast (20) or slow (35) mode at random, as this lab's guest runs.
-        let mut rng = SplitMix(11);
+        let mut rng = SplitMix::new(11);
         let x: Vec<f64> = (0..60)
-            .map(|_| if rng.next().is_multiple_of(4) { 35.0 } else { 20.0 } + (rng.next() % 100) as f64 / 100.0)
+            .map(|_| if rng.next_u64().is_multiple_of(4) { 35.0 } else { 20.0 } + (rng.next_u64() % 100) as f64 / 100.0)
             .collect();
         assert!(find(&x, &Options::default()).is_empty());
     }
@@ -314,6 +295,14 @@ mod tests {
         let mut x = noisy(&[(30, 100.0)], 0.02, 5);
         x.push(60.0);
         assert!(find(&x, &Options::default()).is_empty());
+    }
+
+    #[test]
+    fn a_far_outlier_does_not_hide_a_step() {
+        let mut x = noisy(&[(30, 100.0), (6, 95.0)], 0.02, 13);
+        x[12] = 400.0;
+        let found = find(&x, &Options::default());
+        assert_eq!(found.iter().map(|c| c.index).collect::<Vec<_>>(), vec![30], "{found:?}");
     }
 
     #[test]

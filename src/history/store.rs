@@ -87,7 +87,8 @@ pub fn open(location: &str) -> Result<Box<dyn Store>> {
     Ok(Box::new(SqliteStore::open(location)?))
 }
 
-/// Checks what `meta` says: Ok(true) when the tables must be created (an empty store).
+/// Checks what a store's `meta` table says it is: an rdmabench history of a version this
+/// rdmabench reads, or a clear refusal.
 pub(crate) fn check_meta(name: &str, schema: Option<String>, version: Option<String>) -> Result<()> {
     match (schema.as_deref(), version) {
         (Some(STORE_SCHEMA), Some(v)) => {

@@ -5,6 +5,7 @@
 pub mod clock;
 pub mod cpu;
 pub mod latency;
+pub mod rng;
 pub mod throughput;
 
 pub use clock::Clock;
