@@ -156,6 +156,7 @@ fn main() {
         (Model::Bandwidth, Figure::Auto, "bandwidth"),
         (Model::Bandwidth, Figure::Repeats, "bandwidth repeats"),
         (Model::TwoSpeedLatency, Figure::Auto, "two-speed latency"),
+        (Model::TwoSpeedLatency, Figure::Best, "two-speed latency best"),
         (Model::TwoSpeedLatency, Figure::Repeats, "two-speed latency repeats"),
     ];
     for (model, figure, name) in cases {

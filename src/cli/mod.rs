@@ -640,8 +640,9 @@ impl SeriesFilter {
 /// How change points are judged (`check` and `plot`).
 #[derive(Args, Debug, Clone)]
 pub struct JudgeArgs {
-    /// Which repeat stands for a run: auto (the best repeat for latency, which a two-speed
-    /// machine's slow repeats cannot move; the median for bandwidth), median or best.
+    /// What stands for a run: auto (for latency the mean of the repeats in the best one's
+    /// mode, which a two-speed machine's slow repeats cannot move; the median for
+    /// bandwidth), median, best (repeat), or repeats (change points over every repeat).
     #[arg(long, value_enum, default_value = "auto")]
     pub figure: crate::history::check::Figure,
     /// Tolerance where the workload states none: a change smaller than this is not a

@@ -948,16 +948,18 @@ fn lab_run_smoke_workload_end_to_end() {
 
 /// The regression gate compares runs made here and now, never a figure recorded on another
 /// day or machine (this lab's speed drifts 3-4x between days): a baseline recorded at the
-/// start of the test, a later run compared with it (passes), and a baseline twenty times
+/// start of the test, a later run compared with it (passes), and a baseline a hundred times
 /// better than that later run (every metric regresses: detection works).
 #[test]
 fn lab_run_regression_against_a_baseline_recorded_in_the_same_test() {
     let dir = tempfile::tempdir().unwrap();
     // The workload with every tolerance wide enough for the lab's two speed modes, which lie
     // 2x apart (write-lat p50 about 10.5 or 20 us; bandwidth halves with them) and can change
-    // between two runs minutes apart, tails swinging 2-3x on top: a baseline recorded in one
-    // mode and a run in the other are the same code. Latency may grow 5x (+400 %), bandwidth
-    // and message rate may fall to a fifth (-80 %); the 20x below stays far beyond both.
+    // between two runs minutes apart, tails swinging far more on top: a baseline recorded in
+    // one mode and a run in the other are the same code. p50 may grow 5x (+400 %), the tails
+    // 20x (+1900 %: write-lat's p99.9 median over 5 repeats moved 6.6x between the two runs
+    // of a clean lab/test on 2026-12-08, read-lat's 8x in another), bandwidth and message
+    // rate may fall to a fifth (-80 %); the 100x below stays far beyond all of them.
     let text = std::fs::read_to_string(workload_path("regression.toml")).unwrap();
     let workload = json_file(&dir, "regression.toml");
     std::fs::write(&workload, with_lab_tolerances(&text)).unwrap();
@@ -970,19 +972,19 @@ fn lab_run_regression_against_a_baseline_recorded_in_the_same_test() {
     assert_eq!(c.code, 0, "{}\n{}", c.stdout, c.stderr);
     assert!(c.stdout.contains("compared with") && c.stdout.contains("0 regressed"), "{}", c.stdout);
 
-    // A baseline twenty times better than the current run's best repeat, every repeat at
+    // A baseline a hundred times better than the current run's best repeat, every repeat at
     // that figure: every metric of the current run regresses. Made from the current run, not
     // the recorded baseline: tails swing 10x between runs here (read-lat p99.9 3.8 ms in one
-    // run, 0.45 ms in the next, seen), so a baseline's twentyfold could lie within them.
+    // run, 0.45 ms in the next, seen), so a baseline's hundredfold could lie near them.
     let mut doc: Value = serde_json::from_str(&std::fs::read_to_string(&current).unwrap()).unwrap();
     let mut metrics = 0;
     for step in doc["steps"].as_array_mut().unwrap() {
         for size in step["stats"].as_array_mut().unwrap() {
             for (metric, s) in size["metrics"].as_object_mut().unwrap() {
                 let better = if metric.ends_with("_us") {
-                    s["min"].as_f64().unwrap() / 20.0
+                    s["min"].as_f64().unwrap() / 100.0
                 } else {
-                    s["max"].as_f64().unwrap() * 20.0
+                    s["max"].as_f64().unwrap() * 100.0
                 };
                 for k in ["median", "min", "max"] {
                     s[k] = better.into();
@@ -1022,7 +1024,8 @@ fn with_lab_tolerances(workload: &str) -> String {
     for line in workload.lines() {
         let key = line.split('=').next().unwrap_or("").trim();
         let lab = match key {
-            "p50_us" | "p99_us" | "p999_us" => Some(400.0),
+            "p50_us" => Some(400.0),
+            "p99_us" | "p999_us" => Some(1900.0),
             "gbps" | "mpps" => Some(80.0),
             _ => None,
         };
@@ -1553,7 +1556,7 @@ fn lab_soak_reports_every_interval_and_ctrl_c_keeps_what_was_measured() {
 /// step at the first slowed run (give or take one), fails, and each run's document carries
 /// the kernel and the driver.
 #[test]
-fn history_check_names_an_injected_slowdown() {
+fn lab_history_check_names_an_injected_slowdown() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("history.sqlite");
     let store = store.to_str().unwrap();
