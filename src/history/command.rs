@@ -228,13 +228,18 @@ pub fn check(req: &CheckRequest, out: &mut dyn Write) -> Result<()> {
 }
 
 fn print_check(reports: &[SeriesReport], j: &Judge, out: &mut dyn Write) -> Result<()> {
+    // Fewer runs than two shortest levels: no change point can be found yet, which is not
+    // the same as a steady series.
+    let enough = 2 * j.options.min_segment.max(2);
     for r in reports {
         let verdict = if r.regressed {
             "REGRESSED"
-        } else if r.changes.is_empty() {
-            "steady"
-        } else {
+        } else if !r.changes.is_empty() {
             "ok"
+        } else if r.runs < enough {
+            "too few"
+        } else {
+            "steady"
         };
         writeln!(
             out,
@@ -268,6 +273,11 @@ fn print_check(reports: &[SeriesReport], j: &Judge, out: &mut dyn Write) -> Resu
         }
     }
     let n = |f: &dyn Fn(&SeriesReport) -> bool| reports.iter().filter(|r| f(r)).count();
+    let few = n(&|r| r.runs < enough);
+    if few > 0 {
+        writeln!(out, "{few} series have fewer than {enough} runs: a change point needs {} on each side", enough / 2)
+            .map_err(io)?;
+    }
     writeln!(
         out,
         "history check: {} series, {} with change points, {} regressed in the last {} runs (p <= {}, {} permutations)",
