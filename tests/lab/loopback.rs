@@ -957,9 +957,9 @@ fn lab_run_regression_against_a_baseline_recorded_in_the_same_test() {
     // 2x apart (write-lat p50 about 10.5 or 20 us; bandwidth halves with them) and can change
     // between two runs minutes apart, tails swinging far more on top: a baseline recorded in
     // one mode and a run in the other are the same code. p50 may grow 5x (+400 %), the tails
-    // 20x (+1900 %: write-lat's p99.9 median over 5 repeats moved 6.6x between the two runs
-    // of a clean lab/test on 2026-12-08, read-lat's 8x in another), bandwidth and message
-    // rate may fall to a fifth (-80 %); the 100x below stays far beyond all of them.
+    // 11x (+1000 %, the most a workload takes; write-lat's p99.9 median over 5 repeats moved
+    // 6.6x between the two runs of a clean lab/test on 2026-12-08, read-lat's 8x in another),
+    // bandwidth and message rate may fall to a fifth (-80 %); the 100x below stays far beyond.
     let text = std::fs::read_to_string(workload_path("regression.toml")).unwrap();
     let workload = json_file(&dir, "regression.toml");
     std::fs::write(&workload, with_lab_tolerances(&text)).unwrap();
@@ -1025,7 +1025,7 @@ fn with_lab_tolerances(workload: &str) -> String {
         let key = line.split('=').next().unwrap_or("").trim();
         let lab = match key {
             "p50_us" => Some(400.0),
-            "p99_us" | "p999_us" => Some(1900.0),
+            "p99_us" | "p999_us" => Some(1000.0),
             "gbps" | "mpps" => Some(80.0),
             _ => None,
         };
