@@ -21,12 +21,8 @@
 use rdmabench::history::changepoint::Options;
 use rdmabench::history::check::{Figure, Judge, judge_series};
 use rdmabench::history::model::{PointRow, RunRow, series};
+use rdmabench::report::metrics::Stats;
 use rdmabench::stats::rng::SplitMix as Rng;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 #[derive(Clone, Copy)]
 enum Model {
@@ -82,15 +78,16 @@ fn rows(values: &[Vec<f64>], metric: &str) -> (Vec<RunRow>, Vec<PointRow>) {
     let points = values
         .iter()
         .enumerate()
-        .map(|(i, v)| PointRow {
+        .map(|(i, v)| (i, v, Stats::of(v.clone()).expect("5 repeats")))
+        .map(|(i, v, st)| PointRow {
             run_id: i as i64 + 1,
             step: "s".into(),
             rail: String::new(),
             size: 65536,
             metric: metric.into(),
-            median: median(v.clone()),
-            min: v.iter().copied().fold(f64::MAX, f64::min),
-            max: v.iter().copied().fold(f64::MIN, f64::max),
+            median: st.median,
+            min: st.min,
+            max: st.max,
             repeats: 5,
             values: v.clone(),
             tolerance_pct: None,

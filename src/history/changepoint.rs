@@ -46,6 +46,18 @@ pub struct Options {
     pub min_segment: usize,
 }
 
+impl Options {
+    /// Runs a segment keeps on either side of a split: `min_segment`, at least 2.
+    pub fn segment(&self) -> usize {
+        self.min_segment.max(2)
+    }
+
+    /// The fewest runs in which a change point can be found: two shortest segments.
+    pub fn min_runs(&self) -> usize {
+        2 * self.segment()
+    }
+}
+
 impl Default for Options {
     fn default() -> Self {
         Options { permutations: DEFAULT_PERMUTATIONS, max_p_value: DEFAULT_MAX_P, min_segment: DEFAULT_MIN_SEGMENT }
@@ -84,7 +96,7 @@ pub fn with_means(splits: &[(usize, f64)], x: &[f64]) -> Vec<ChangePoint> {
 /// fall between runs only, and the permutations shuffle whole runs, so whatever the
 /// repeats of one run share (that day's speed) never passes for a change.
 pub fn find_in_runs(runs: &[Vec<f64>], opt: &Options) -> Vec<(usize, f64)> {
-    let min_seg = opt.min_segment.max(2);
+    let min_seg = opt.segment();
     let mut rng = SplitMix::new(0x0005_eed0_fc4a_29e5);
     let mut splits: Vec<(usize, f64)> = Vec::new();
     let mut pieces = vec![(0usize, runs.len())];

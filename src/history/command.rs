@@ -5,7 +5,7 @@ use std::io::Write;
 
 use super::changepoint::Options;
 use super::check::{Figure, Judge, SeriesReport, judge_series};
-use super::model::{self, PointRow, RunRow, Series};
+use super::model::{self, PointRow, RunRow, Series, or_unknown};
 use super::store;
 use crate::error::{Error, Result};
 use crate::report::plot;
@@ -56,8 +56,8 @@ fn selected<'a>(runs: &'a [RunRow], points: &'a [PointRow], filter: &Filter) -> 
 
 /// `history add`: one run document into the store.
 pub fn add(location: &str, path: &str, label: &str, setup: Option<&str>, out: &mut dyn Write) -> Result<()> {
-    let doc = crate::report::run::read(path)?;
     let text = std::fs::read_to_string(path).map_err(|e| Error::Usage(format!("cannot read {path}: {e}")))?;
+    let doc = crate::report::run::parse(path, &text)?;
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
     let run = model::from_document(&doc, &text, label, setup, now);
     if run.points.is_empty() {
@@ -104,16 +104,14 @@ pub fn show(location: &str, filter: &Filter, out: &mut dyn Write) -> Result<()> 
             .map_err(io)?;
         let mut prev: Option<&RunRow> = None;
         for (r, p) in &s.points {
-            let changed = prev.map(|b| model::environment_changes(b, r)).unwrap_or_default();
-            let env = if prev.is_none() {
-                format!(
+            let env = match prev {
+                None => format!(
                     "firmware {}, driver {}, kernel {}",
                     or_unknown(&r.firmware),
                     or_unknown(&r.driver),
                     or_unknown(&r.kernel)
-                )
-            } else {
-                changed.join(", ")
+                ),
+                Some(before) => model::environment_changes(before, r).join(", "),
             };
             writeln!(
                 out,
@@ -133,10 +131,6 @@ pub fn show(location: &str, filter: &Filter, out: &mut dyn Write) -> Result<()> 
 /// A file name from a series' key: letters, digits, '.', '-' and '_' kept, the rest '_'.
 fn file_safe(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' }).collect()
-}
-
-fn or_unknown(s: &str) -> &str {
-    if s.is_empty() { "unknown" } else { s }
 }
 
 /// A CSV field, quoted when it must be.
@@ -230,7 +224,7 @@ pub fn check(req: &CheckRequest, out: &mut dyn Write) -> Result<()> {
 fn print_check(reports: &[SeriesReport], j: &Judge, out: &mut dyn Write) -> Result<()> {
     // Fewer runs than two shortest levels: no change point can be found yet, which is not
     // the same as a steady series.
-    let enough = 2 * j.options.min_segment.max(2);
+    let enough = j.options.min_runs();
     for r in reports {
         let verdict = if r.regressed {
             "REGRESSED"
@@ -275,7 +269,8 @@ fn print_check(reports: &[SeriesReport], j: &Judge, out: &mut dyn Write) -> Resu
     let n = |f: &dyn Fn(&SeriesReport) -> bool| reports.iter().filter(|r| f(r)).count();
     let few = n(&|r| r.runs < enough);
     if few > 0 {
-        writeln!(out, "{few} series have fewer than {enough} runs: a change point needs {} on each side", enough / 2)
+        let side = j.options.segment();
+        writeln!(out, "{few} series have fewer than {enough} runs: a change point needs {side} on each side")
             .map_err(io)?;
     }
     writeln!(

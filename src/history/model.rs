@@ -146,12 +146,6 @@ pub struct Series<'a> {
     pub points: Vec<(&'a RunRow, &'a PointRow)>,
 }
 
-impl Series<'_> {
-    pub fn values(&self) -> Vec<f64> {
-        self.points.iter().map(|(_, p)| p.median).collect()
-    }
-}
-
 /// Every series in the store, keyed; each run's points go to its own setup's series.
 pub fn series<'a>(runs: &'a [RunRow], points: &'a [PointRow]) -> Vec<Series<'a>> {
     let by_id: BTreeMap<i64, &RunRow> = runs.iter().map(|r| (r.id, r)).collect();
@@ -187,9 +181,13 @@ pub fn environment_changes(before: &RunRow, after: &RunRow) -> Vec<String> {
         ("rdmabench", &before.tool_version, &after.tool_version),
     ] {
         if a != b {
-            let show = |s: &str| if s.is_empty() { "unknown".to_string() } else { s.to_string() };
-            out.push(format!("{what} {} -> {}", show(a), show(b)));
+            out.push(format!("{what} {} -> {}", or_unknown(a), or_unknown(b)));
         }
     }
     out
+}
+
+/// An environment field as shown: "unknown" where the run did not record it.
+pub fn or_unknown(s: &str) -> &str {
+    if s.is_empty() { "unknown" } else { s }
 }

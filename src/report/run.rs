@@ -104,13 +104,18 @@ impl StepRecord {
 /// Reads a run document, or a single test's result document (as a one-step run). Its
 /// errors can quote the document (a schema name, a value): bounded and made safe to print.
 pub fn read(path: &str) -> Result<RunDocument> {
-    read_quoting(path).map_err(Error::quoting)
+    let text = std::fs::read_to_string(path).map_err(|e| Error::Usage(format!("cannot read {path}: {e}")))?;
+    parse(path, &text)
 }
 
-fn read_quoting(path: &str) -> Result<RunDocument> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::Usage(format!("cannot read {path}: {e}")))?;
+/// [`read`] of a document already read from `path` (for a caller that keeps its text too).
+pub fn parse(path: &str, text: &str) -> Result<RunDocument> {
+    parse_quoting(path, text).map_err(Error::quoting)
+}
+
+fn parse_quoting(path: &str, text: &str) -> Result<RunDocument> {
     let mut v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| Error::Usage(format!("{path} is not JSON: {e}")))?;
+        serde_json::from_str(text).map_err(|e| Error::Usage(format!("{path} is not JSON: {e}")))?;
     // A baseline may come from anywhere: its text reaches tables, errors and JUnit only
     // with unsafe characters written as visible escapes.
     crate::names::escape_json(&mut v);
